@@ -1,0 +1,7 @@
+"""Entry point for ``python -m trainlint``."""
+
+import sys
+
+from trainlint.cli import main
+
+sys.exit(main())

@@ -1,0 +1,392 @@
+"""The ``trainlint`` command line: arguments, configuration, running the engine, reporting, exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from trainlint import __version__
+from trainlint.cache import ResultCache
+from trainlint.config import (
+    Config,
+    ConfigError,
+    check_selectors,
+    find_config,
+    ignored_for_file,
+    load_config,
+    select_rules,
+)
+from trainlint.engine import FileResult, LintOptions, lint_text, unreadable
+from trainlint.files import DEFAULT_EXCLUDES, discover, read_source
+from trainlint.report import RunReport
+from trainlint.rule import registry
+
+EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+FORMATS = ("text", "json", "sarif", "github")
+
+
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse exits 2 already; keep one clear line
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="trainlint",
+        description="Find silent mistakes in PyTorch training code: mixed precision, loss scaling, "
+        "activation checkpointing and gradient accumulation.",
+    )
+    p.add_argument("paths", nargs="*", help="files or folders to lint (default: .); '-' reads stdin")
+    p.add_argument("--format", choices=FORMATS, default="text", help="output format (default: text)")
+    p.add_argument("--select", help="comma-separated rule ids or prefixes to enable (replaces the default)")
+    p.add_argument("--extend-select", help="comma-separated rule ids or prefixes to enable in addition")
+    p.add_argument("--ignore", help="comma-separated rule ids or prefixes to disable")
+    p.add_argument("--fix", action="store_true", help="apply safe fixes (and verified ones with --verify)")
+    p.add_argument("--diff", action="store_true", help="print the fixes as a unified diff; change nothing")
+    p.add_argument("--unsafe-fixes", action="store_true", help="also apply or show unsafe fixes")
+    p.add_argument(
+        "--verify", action="store_true", help="run the runtime check on findings that have a probe"
+    )
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), help="device for --verify (default: auto)")
+    p.add_argument("--explain", metavar="RULE", help="print a rule's documentation and exit")
+    p.add_argument("--list-rules", action="store_true", help="list every rule and exit")
+    p.add_argument("--stdin-filename", metavar="FILE", help="the name to report stdin under")
+    p.add_argument("--config", metavar="PATH", help="configuration file (default: nearest pyproject.toml)")
+    p.add_argument("--jobs", "-j", type=int, metavar="N", help="worker processes (default: number of cores)")
+    p.add_argument("--no-cache", action="store_true", help="do not read or write the result cache")
+    p.add_argument("--cache-dir", metavar="DIR", help="result cache folder (default: .trainlint_cache)")
+    p.add_argument("--quiet", "-q", action="store_true", help="print findings only, no summary")
+    p.add_argument("--statistics", action="store_true", help="print the number of findings per rule")
+    p.add_argument("--exit-zero", action="store_true", help="exit 0 even when there are findings")
+    p.add_argument("--version", action="version", version=f"trainlint {__version__}")
+    return p
+
+
+def _split(value: str | None) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()] if value else []
+
+
+def list_rules(console: Console) -> None:
+    columns = ("id", "name", "severity", "fix", "probe", "summary")
+    rows = [
+        (
+            r.id,
+            r.name,
+            r.severity.value,
+            "yes" if r.has_fix else "no",
+            "yes" if r.has_probe() else "no",
+            r.summary,
+        )
+        for r in registry()
+    ]
+    if not console.is_terminal:  # pipes and CI logs: one unwrapped line per rule
+        widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(columns[:-1])]
+        for row in [columns, *rows]:
+            print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=False)) + "  " + row[-1])
+        return
+    table = Table()
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+
+
+def _display_path(path: Path) -> str:
+    try:
+        return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+def _lint_one(job: tuple[str, str, LintOptions]) -> tuple[FileResult, str | None]:
+    """Worker: read and lint one file. Returns the text only when it is needed for code frames."""
+    fs_path, shown, options = job
+    source = read_source(Path(fs_path))
+    if source.text is None:
+        result = FileResult(shown)
+        if "TL902" in options.rule_ids:
+            result.findings.append(unreadable(shown, source.error or "unknown error"))
+        return result, None
+    try:
+        result = lint_text(source.text, shown, options)
+    except Exception as exc:  # the engine itself failed on this file: report it, keep going
+        result = FileResult(
+            shown, errors=[{"path": shown, "message": f"internal error: {type(exc).__name__}: {exc}"}]
+        )
+    return result, (source.text if result.findings else None)
+
+
+def _rule_ids_for(config: Config, base: list[str], display: str) -> tuple[str, ...]:
+    ignored = ignored_for_file(config, _relative_to_root(config, display))
+    return tuple(i for i in base if not any(i.startswith(p) for p in ignored))
+
+
+def _relative_to_root(config: Config, display: str) -> str:
+    try:
+        return Path(display).resolve().relative_to(config.root).as_posix()
+    except ValueError:
+        return display
+
+
+def run(argv: Sequence[str] | None = None, stdin: str | None = None) -> int:
+    parser = build_parser()
+    out = Console(highlight=False, soft_wrap=True)
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as exc:
+        err.print(f"trainlint: error: {exc}", markup=False)
+        return EXIT_ERROR
+
+    if args.list_rules:
+        list_rules(out)
+        return EXIT_CLEAN
+    if args.explain:
+        rule = registry().get(args.explain)
+        if rule is None:
+            err.print(
+                f"trainlint: error: unknown rule {args.explain!r} (see `trainlint --list-rules`)",
+                markup=False,
+            )
+            return EXIT_ERROR
+        print(rule.explain())
+        return EXIT_CLEAN
+
+    try:
+        config_path = Path(args.config) if args.config else find_config(Path.cwd())
+        if args.config and not config_path.is_file():
+            raise ConfigError(f"{args.config}: no such configuration file")
+        config = load_config(config_path)
+        select = check_selectors(_split(args.select), "--select") if args.select else config.select
+        extend = config.extend_select + check_selectors(_split(args.extend_select), "--extend-select")
+        ignore = config.ignore + check_selectors(_split(args.ignore), "--ignore")
+    except ConfigError as exc:
+        err.print(f"trainlint: error: {exc}", markup=False)
+        return EXIT_ERROR
+    rule_ids = select_rules(select, extend, ignore)
+    severity = tuple(sorted((k, v.value) for k, v in config.severity.items()))
+
+    if args.verify:
+        from trainlint.verify import torch_available
+
+        if not torch_available():
+            err.print(
+                'trainlint: error: --verify needs PyTorch. Install the extra: pip install "trainlint[verify]"',
+                markup=False,
+            )
+            return EXIT_ERROR
+
+    started = time.perf_counter()
+    errors: list[dict[str, str]] = []
+    results: list[tuple[FileResult, str | None]] = []
+    jobs_list: list[tuple[str, str, LintOptions]] = []
+    stdin_text: str | None = None
+    paths = args.paths or ["."]
+    if paths == ["-"] or "-" in paths:
+        if paths != ["-"]:
+            err.print("trainlint: error: '-' (stdin) cannot be combined with other paths", markup=False)
+            return EXIT_ERROR
+        stdin_text = stdin if stdin is not None else sys.stdin.read()
+        shown = args.stdin_filename or "<stdin>"
+        options = LintOptions(_rule_ids_for(config, rule_ids, shown), severity)
+        result = lint_text(stdin_text, shown, options)
+        results.append((result, stdin_text))
+        file_count = 1
+    else:
+        missing = [p for p in paths if not os.path.lexists(p)]
+        if missing:
+            err.print(f"trainlint: error: {missing[0]}: no such file or folder", markup=False)
+            return EXIT_ERROR
+        excludes = (
+            config.exclude if config.exclude is not None else list(DEFAULT_EXCLUDES)
+        ) + config.extend_exclude
+        listing_errors: list[str] = []
+        files = list(discover([Path(p) for p in paths], excludes, config.root, listing_errors))
+        errors.extend({"path": "", "message": m} for m in listing_errors)
+        for f in files:
+            shown = _display_path(f)
+            jobs_list.append((str(f), shown, LintOptions(_rule_ids_for(config, rule_ids, shown), severity)))
+        cache = (
+            None if args.no_cache else ResultCache(Path(args.cache_dir or config.root / ".trainlint_cache"))
+        )
+        results = _run_jobs(jobs_list, args.jobs, cache, err)
+        file_count = len(files)
+
+    findings = sorted((f for r, _ in results for f in r.findings), key=lambda f: f.sort_key)
+    for r, _ in results:
+        errors.extend(r.errors)
+    sources = {r.path: text for r, text in results if text is not None}
+
+    report = RunReport(findings, errors, file_count, time.perf_counter() - started, sources)
+
+    if args.verify:
+        from trainlint.verify import verify_findings
+
+        report.findings = verify_findings(
+            report.findings,
+            sources,
+            device=args.device or config.verify_device,
+            timeout=config.verify_timeout,
+        )
+
+    if args.fix or args.diff:
+        targets = {shown: (fs, opts) for fs, shown, opts in jobs_list}
+        if stdin_text is not None:
+            targets = {shown: (None, LintOptions(_rule_ids_for(config, rule_ids, shown), severity))}
+        code = _fix(report, targets, stdin_text, args, out, err)
+        if code is not None:
+            return code
+
+    for e in errors:
+        where = f"{e['path']}: " if e.get("path") else ""
+        err.print(f"trainlint: error: {where}{e['message']}", markup=False)
+    _render(report, args, out)
+    if any("internal error" in e["message"] for e in errors):
+        return EXIT_ERROR
+    if report.findings and not args.exit_zero:
+        return EXIT_FINDINGS
+    return EXIT_CLEAN
+
+
+def _fix(
+    report: RunReport,
+    targets: dict[str, tuple[str | None, LintOptions]],
+    stdin_text: str | None,
+    args: argparse.Namespace,
+    out: Console,
+    err: Console,
+) -> int | None:
+    """Apply (``--fix``) or show (``--diff``) fixes; returns an exit code when the run ends here."""
+    from trainlint.fix import applicable, fix_text, unified_diff, write_fixed
+
+    unsafe = args.unsafe_fixes
+    paths = sorted({f.path for f in report.findings if applicable(f, unsafe)})
+    diffs: list[str] = []
+    remaining = [f for f in report.findings if f.path not in paths]
+    fixed_stdin = stdin_text
+    for shown in paths:
+        fs_path, options = targets[shown]
+        if fs_path is None:
+            original_bytes, before = None, stdin_text or ""
+        else:
+            original_bytes = Path(fs_path).read_bytes()
+            before = report.sources.get(shown) or read_source(Path(fs_path)).text or ""
+        outcome = fix_text(before, lambda t, s=shown, o=options: lint_text(t, s, o).findings, unsafe)
+        for message in outcome.dropped:
+            report.errors.append({"path": shown, "message": f"fix not applied: {message}"})
+        if args.diff:
+            if outcome.text != before:
+                diffs.append(unified_diff(shown, before, outcome.text))
+            continue
+        if fs_path is not None and original_bytes is not None and outcome.text != before:
+            write_fixed(Path(fs_path), original_bytes, outcome.text)
+        elif fs_path is None:
+            fixed_stdin = outcome.text
+        report.fixed += outcome.fixed
+        after = lint_text(outcome.text, shown, options)
+        remaining.extend(after.findings)
+        report.sources[shown] = outcome.text
+    if args.diff:
+        for e in report.errors:
+            err.print(f"trainlint: error: {e['path']}: {e['message']}", markup=False)
+        if diffs:
+            sys.stdout.write("".join(diffs))
+        return EXIT_FINDINGS if diffs and not args.exit_zero else EXIT_CLEAN
+    report.findings = sorted(remaining, key=lambda f: f.sort_key)
+    if stdin_text is not None:
+        sys.stdout.write(fixed_stdin or "")
+        return EXIT_FINDINGS if report.findings and not args.exit_zero else EXIT_CLEAN
+    return None
+
+
+def _render(report: RunReport, args: argparse.Namespace, out: Console) -> None:
+    if args.format == "json":
+        from trainlint.report.json_format import render_json
+
+        print(render_json(report))
+    elif args.format == "sarif":
+        from trainlint.report.sarif import render_sarif
+
+        print(render_sarif(report))
+    elif args.format == "github":
+        from trainlint.report.github import render_github
+
+        text = render_github(report)
+        if text:
+            print(text)
+    else:
+        from trainlint.report.text import render_statistics, render_text
+
+        if args.statistics:
+            render_statistics(report, out)
+        else:
+            render_text(report, out, quiet=args.quiet, unsafe_fixes=args.unsafe_fixes)
+
+
+def _run_jobs(
+    jobs_list: list[tuple[str, str, LintOptions]],
+    jobs: int | None,
+    cache: ResultCache | None,
+    err: Console,
+) -> list[tuple[FileResult, str | None]]:
+    results: list[tuple[FileResult, str | None] | None] = [None] * len(jobs_list)
+    todo: list[int] = []
+    for i, job in enumerate(jobs_list):
+        hit = cache.get(job) if cache else None
+        if hit is not None:
+            results[i] = hit
+        else:
+            todo.append(i)
+    workers = jobs if jobs is not None else (os.cpu_count() or 1)
+    workers = max(1, min(workers, len(todo)))
+    progress = None
+    if err.is_terminal and len(todo) > 50:
+        from rich.progress import Progress
+
+        progress = Progress(console=err, transient=True)
+        progress.start()
+        task = progress.add_task("linting", total=len(todo))
+    try:
+        if workers > 1 and len(todo) > 4:
+            with ProcessPoolExecutor(max_workers=workers) as pool:
+                chunk = max(1, len(todo) // (workers * 8))
+                for i, res in zip(
+                    todo, pool.map(_lint_one, [jobs_list[i] for i in todo], chunksize=chunk), strict=True
+                ):
+                    results[i] = res
+                    if progress:
+                        progress.advance(task)
+        else:
+            for i in todo:
+                results[i] = _lint_one(jobs_list[i])
+                if progress:
+                    progress.advance(task)
+    finally:
+        if progress:
+            progress.stop()
+    if cache:
+        for i in todo:
+            cache.put(jobs_list[i], results[i])
+    return [r for r in results if r is not None]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return run(argv)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return EXIT_CLEAN

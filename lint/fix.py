@@ -1,0 +1,106 @@
+"""Applying fixes: text edits from findings, applied until none apply, re-parsed before anything is written."""
+
+from __future__ import annotations
+
+import difflib
+import io
+import tokenize
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import libcst as cst
+
+from trainlint.rule import Applicability, Edit, Finding
+
+MAX_ROUNDS = 10
+
+
+def applicable(finding: Finding, unsafe: bool) -> bool:
+    if finding.fix is None:
+        return False
+    return unsafe or finding.fix.applicability in (Applicability.SAFE, Applicability.VERIFIED)
+
+
+def _offsets(text: str) -> list[int]:
+    starts = [0]
+    for line in text.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+    return starts
+
+
+def apply_edits(text: str, fixes: list[tuple[Edit, ...]]) -> tuple[str, int]:
+    """Apply whole fixes (all edits of one fix or none), skipping any that overlap an earlier one."""
+    starts = _offsets(text)
+
+    def offset(line: int, column: int) -> int:
+        return starts[line - 1] + column - 1
+
+    taken: list[tuple[int, int]] = []
+    chosen: list[tuple[int, int, str]] = []
+    applied = 0
+    for edits in fixes:
+        spans = [(offset(e.line, e.column), offset(e.end_line, e.end_column), e.content) for e in edits]
+        if any(
+            not (end <= a or start >= b) or (start == end == a == b)
+            for start, end, _ in spans
+            for a, b in taken
+        ):
+            continue
+        taken.extend((s, e) for s, e, _ in spans)
+        chosen.extend(spans)
+        applied += 1
+    for start, end, content in sorted(chosen, key=lambda s: (s[0], s[1]), reverse=True):
+        text = text[:start] + content + text[end:]
+    return text, applied
+
+
+@dataclass
+class FixOutcome:
+    text: str
+    fixed: int = 0
+    dropped: list[str] = field(default_factory=list)
+
+
+def fix_text(text: str, lint: Callable[[str], list[Finding]], unsafe: bool) -> FixOutcome:
+    """Lint, apply applicable fixes, re-parse; repeat until nothing changes (bounded)."""
+    outcome = FixOutcome(text)
+    for _ in range(MAX_ROUNDS):
+        findings = [f for f in lint(outcome.text) if applicable(f, unsafe)]
+        if not findings:
+            break
+        new_text, applied = apply_edits(outcome.text, [f.fix.edits for f in findings if f.fix])
+        if applied == 0 or new_text == outcome.text:
+            break
+        try:
+            cst.parse_module(new_text)
+        except (cst.ParserSyntaxError, RecursionError):
+            outcome.dropped.append(
+                "fixes for "
+                + ", ".join(sorted({f.rule for f in findings}))
+                + " would leave the file unparsable"
+            )
+            break
+        outcome.text = new_text
+        outcome.fixed += applied
+    return outcome
+
+
+def unified_diff(path: str, before: str, after: str) -> str:
+    return "".join(
+        difflib.unified_diff(
+            before.splitlines(keepends=True), after.splitlines(keepends=True), f"a/{path}", f"b/{path}"
+        )
+    )
+
+
+def encode_like(original: bytes, text: str) -> bytes:
+    """Encode ``text`` with the original file's declared encoding and BOM."""
+    encoding, _ = tokenize.detect_encoding(io.BytesIO(original).readline)
+    if encoding == "utf-8-sig":
+        return b"\xef\xbb\xbf" + text.encode("utf-8")
+    return text.encode(encoding)
+
+
+def write_fixed(path: Path, original: bytes, text: str) -> None:
+    path.write_bytes(encode_like(original, text))

@@ -1,0 +1,272 @@
+"""Rule base class, findings and the registry that discovers rules in ``trainlint.rules``.
+
+A rule knows nothing about files, formats or processes: it receives a file model and yields
+``Diagnostic`` objects that point at CST nodes. The engine turns them into positioned ``Finding``s.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import importlib
+import pkgutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import libcst as cst
+
+if TYPE_CHECKING:
+    from trainlint.model import FileModel
+
+
+class Severity(str, enum.Enum):
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+
+    @property
+    def rank(self) -> int:
+        return {"error": 0, "warning": 1, "info": 2}[self.value]
+
+
+class Applicability(str, enum.Enum):
+    SAFE = "safe"
+    UNSAFE = "unsafe"
+    VERIFIED = "verified"
+
+
+@dataclass(frozen=True)
+class Edit:
+    """Replace the text between two 1-based positions (end exclusive) with ``content``."""
+
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+    content: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "line": self.line,
+            "column": self.column,
+            "end_line": self.end_line,
+            "end_column": self.end_column,
+            "content": self.content,
+        }
+
+
+@dataclass(frozen=True)
+class Fix:
+    applicability: Applicability
+    description: str
+    edits: tuple[Edit, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "applicability": self.applicability.value,
+            "description": self.description,
+            "edits": [e.to_json() for e in self.edits],
+        }
+
+
+@dataclass(frozen=True)
+class Related:
+    path: str
+    line: int
+    column: int
+    message: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "line": self.line, "column": self.column, "message": self.message}
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str
+    name: str
+    severity: Severity
+    path: str
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+    message: str
+    related: tuple[Related, ...] = ()
+    fix: Fix | None = None
+    url: str | None = None
+    verify: dict[str, Any] | None = None
+
+    @property
+    def sort_key(self) -> tuple[str, int, int, str]:
+        return (self.path, self.line, self.column, self.rule)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "rule": self.rule,
+            "name": self.name,
+            "severity": self.severity.value,
+            "path": self.path,
+            "line": self.line,
+            "column": self.column,
+            "end_line": self.end_line,
+            "end_column": self.end_column,
+            "message": self.message,
+            "url": self.url,
+            "related": [r.to_json() for r in self.related],
+            "fix": self.fix.to_json() if self.fix else None,
+        }
+        if self.verify is not None:
+            out["verify"] = self.verify
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Finding:
+        fix = data.get("fix")
+        return cls(
+            rule=data["rule"],
+            name=data["name"],
+            severity=Severity(data["severity"]),
+            path=data["path"],
+            line=data["line"],
+            column=data["column"],
+            end_line=data["end_line"],
+            end_column=data["end_column"],
+            message=data["message"],
+            related=tuple(Related(**r) for r in data.get("related", ())),
+            fix=Fix(
+                Applicability(fix["applicability"]),
+                fix["description"],
+                tuple(Edit(**e) for e in fix["edits"]),
+            )
+            if fix
+            else None,
+            url=data.get("url"),
+            verify=data.get("verify"),
+        )
+
+
+@dataclass(frozen=True)
+class TextEditSpec:
+    """A fix expressed against CST nodes; the engine converts node positions into an ``Edit``.
+
+    ``anchor`` is a node; ``where`` is ``"before"`` (insert at the node's start), ``"after"``
+    (insert at its end) or ``"replace"`` (replace the node's whole range).
+    """
+
+    anchor: cst.CSTNode
+    where: str
+    content: str
+
+
+@dataclass(frozen=True)
+class FixSpec:
+    applicability: Applicability
+    description: str
+    edits: tuple[TextEditSpec, ...]
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """What a rule yields: a node to report at, a message, and optional related nodes and fix."""
+
+    node: cst.CSTNode
+    message: str
+    related: tuple[tuple[cst.CSTNode, str], ...] = ()
+    fix: FixSpec | None = None
+
+
+@dataclass(frozen=True)
+class Invalid:
+    """An embedded example that must be reported. ``line`` (1-based), when given, is checked too."""
+
+    code: str
+    line: int | None = None
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class RuleDoc:
+    """The sections of a rule's documentation, as in Ruff's rule pages."""
+
+    what: str
+    why: str
+    example: str
+    use_instead: str
+    fix_safety: str = "This rule has no automatic fix."
+    references: tuple[str, ...] = ()
+
+
+class Rule:
+    """Base class for every rule. Subclasses set the class variables and implement ``check``."""
+
+    id: ClassVar[str] = ""
+    name: ClassVar[str] = ""
+    severity: ClassVar[Severity] = Severity.WARNING
+    summary: ClassVar[str] = ""
+    doc: ClassVar[RuleDoc | None] = None
+    # Source tokens at least one of which must appear in a file for the rule to be able to fire.
+    # Empty means the rule is emitted by the engine itself (parse problems).
+    tokens: ClassVar[tuple[str, ...]] = ()
+    valid: ClassVar[tuple[str, ...]] = ()
+    invalid: ClassVar[tuple[Invalid, ...]] = ()
+    has_fix: ClassVar[bool] = False
+    # Name of the runtime probe in ``trainlint.verify.probes`` that can confirm this rule's findings.
+    probe: ClassVar[str | None] = None
+    engine_only: ClassVar[bool] = False
+
+    def check(self, model: FileModel) -> Iterator[Diagnostic]:
+        return iter(())
+
+    @classmethod
+    def has_probe(cls) -> bool:
+        return cls.probe is not None
+
+    @classmethod
+    def explain(cls) -> str:
+        """The rule's documentation as Markdown, in the sections of the design guide."""
+        doc = cls.doc
+        head = f"# {cls.id} ({cls.name})\n\nSeverity: {cls.severity.value}\n"
+        if doc is None:
+            return head + f"\n{cls.summary}\n"
+        parts = [
+            head,
+            "## What it does\n\n" + doc.what.strip(),
+            "## Why is this bad?\n\n" + doc.why.strip(),
+            "## Example\n\n```python\n" + doc.example.strip("\n") + "\n```",
+            "## Use instead\n\n```python\n" + doc.use_instead.strip("\n") + "\n```",
+            "## Fix safety\n\n" + doc.fix_safety.strip(),
+        ]
+        if doc.references:
+            parts.append("## References\n\n" + "\n".join(f"- {r}" for r in doc.references))
+        return "\n\n".join(parts) + "\n"
+
+
+@dataclass
+class Registry:
+    rules: dict[str, type[Rule]] = field(default_factory=dict)
+
+    def __iter__(self) -> Iterator[type[Rule]]:
+        return iter(self.rules[k] for k in sorted(self.rules))
+
+    def get(self, rule_id: str) -> type[Rule] | None:
+        return self.rules.get(rule_id.upper())
+
+    def ids(self) -> list[str]:
+        return sorted(self.rules)
+
+
+@functools.cache
+def registry() -> Registry:
+    """Every rule class found in the modules of ``trainlint.rules``, keyed by id."""
+    import trainlint.rules as pkg
+
+    found = Registry()
+    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{pkg.__name__}.{info.name}")
+        for obj in vars(module).values():
+            if isinstance(obj, type) and issubclass(obj, Rule) and obj is not Rule and obj.id:
+                if obj.id in found.rules and found.rules[obj.id] is not obj:
+                    raise RuntimeError(f"duplicate rule id {obj.id}")
+                found.rules[obj.id] = obj
+    return found

@@ -1,0 +1,45 @@
+"""Suppression comments: ``# noqa[: TL201, TL203]`` on a line and ``# trainlint: disable-file=...``."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+NOQA = re.compile(r"#\s*noqa(?::[\s]*(?P<ids>[A-Za-z]+[0-9]*(?:[\s,]+[A-Za-z]+[0-9]*)*))?", re.IGNORECASE)
+DISABLE_FILE = re.compile(r"^\s*#\s*trainlint:\s*disable-file\s*=\s*(?P<ids>[A-Za-z0-9, ]+)", re.IGNORECASE)
+
+
+@dataclass
+class Suppressions:
+    by_line: dict[int, set[str] | None] = field(default_factory=dict)  # None: bare noqa, all ids
+    file_ids: set[str] = field(default_factory=set)
+
+    def suppresses(self, rule_id: str, line: int) -> bool:
+        if any(rule_id.startswith(p) for p in self.file_ids):
+            return True
+        if line not in self.by_line:
+            return False
+        ids = self.by_line[line]
+        return ids is None or any(rule_id.startswith(p) for p in ids)
+
+
+def _ids(text: str) -> set[str]:
+    return {part.upper() for part in re.split(r"[\s,]+", text) if part}
+
+
+def parse_suppressions(source: str) -> Suppressions:
+    out = Suppressions()
+    if "noqa" not in source and "trainlint:" not in source:
+        return out
+    for number, line in enumerate(source.splitlines(), start=1):
+        if "#" not in line:
+            continue
+        disable = DISABLE_FILE.match(line)
+        if disable:
+            out.file_ids |= _ids(disable.group("ids"))
+            continue
+        match = NOQA.search(line)
+        if match:
+            ids = match.group("ids")
+            out.by_line[number] = _ids(ids) if ids else None
+    return out
