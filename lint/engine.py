@@ -65,11 +65,23 @@ def unreadable(path: str, reason: str) -> Finding:
     return _engine_finding("TL902", path, 1, 1, f"Cannot lint this file: {reason}.")
 
 
-def _syntax_error(path: str, exc: Exception) -> Finding:
+def _syntax_error(path: str, exc: Exception, source: str = "") -> Finding:
     if isinstance(exc, cst.ParserSyntaxError):
-        line, column = exc.editor_line, exc.editor_column
-        message = exc.message.strip().rstrip(".")
-        text = f"Cannot parse this file: {message}."
+        # CPython's own parser locates most errors where users expect them (libcst often points at
+        # the token after); use it when it rejects the file too.
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ast.parse(source)
+        except SyntaxError as cpython:
+            line, column = cpython.lineno or 1, cpython.offset or 1
+            text = f"Cannot parse this file: {cpython.msg}."
+        except (ValueError, RecursionError, MemoryError):
+            line, column = exc.editor_line, exc.editor_column
+            text = f"Cannot parse this file: {exc.message.strip().rstrip('.')}."
+        else:
+            line, column = exc.editor_line, exc.editor_column
+            text = f"Cannot parse this file: {exc.message.strip().rstrip('.')}."
     else:
         line, column = 1, 1
         text = "Cannot parse this file: it is nested too deeply for the parser."
@@ -145,7 +157,7 @@ def lint_text(text: str, path: str, options: LintOptions) -> FileResult:
         module = cst.parse_module(text)
     except (cst.ParserSyntaxError, RecursionError) as exc:
         if "TL901" in options.rule_ids:
-            result.findings.append(_syntax_error(path, exc))
+            result.findings.append(_syntax_error(path, exc, text))
         return result
     result.parsed = True
     if not active:

@@ -8,11 +8,23 @@ update, zero_grad, dtype conversion, checkpoint call, optimizer construction) th
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 
 import libcst as cst
 
-from trainlint.model import FileModel, Scope, Site, attr_name, dotted, keyword, positional, receiver, walk
+from trainlint.model import (
+    FileModel,
+    Frame,
+    Scope,
+    Site,
+    attr_name,
+    dotted,
+    keyword,
+    positional,
+    receiver,
+    walk,
+)
 
 GRAD_SCALERS = frozenset(
     {
@@ -22,6 +34,9 @@ GRAD_SCALERS = frozenset(
         "torch.cuda.amp.grad_scaler.GradScaler",
         "torch.GradScaler",
         "torch.cpu.amp.GradScaler",
+        # FSDP's subclass: same scale/unscale_/step contract.
+        "torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler",
+        "torch.distributed.fsdp.ShardedGradScaler",
     }
 )
 CLIP_FUNCTIONS = frozenset(
@@ -62,6 +77,21 @@ MASTER_WEIGHT_WRAPPERS = (
     "Float16OptimizerWithFloat16Params",
 )
 MASTER_WEIGHT_MODULES = ("apex.", "deepspeed.", "megatron.")
+
+
+# Names that say "optimizer" when the construction is out of sight: optimizer, optim, opt, opt_g, optD,
+# g_optimizer, self.optimizer_d.
+OPTIMIZER_NAME = re.compile(r"^(opt|optim|optimizer|optimiser)([_0-9A-Z]\w*)?$|^\w+_(opt|optim|optimizer)$")
+
+
+def is_modulo(expr: cst.CSTNode) -> bool:
+    """``a % b`` where ``b`` is not the literal 2 (parity is not an accumulation schedule)."""
+    return (
+        isinstance(expr, cst.BinaryOperation)
+        and isinstance(expr.operator, cst.Modulo)
+        and not (isinstance(expr.right, cst.Integer) and expr.right.value == "2")
+        and not isinstance(expr.left, cst.SimpleString | cst.FormattedString | cst.ConcatenatedString)
+    )
 
 
 def is_optimizer_class(qualname: str | None) -> bool:
@@ -112,9 +142,12 @@ class Training:
         key = dotted(expr)
         if key is None:
             return False
-        for _, callee in self.model.call_values(expr, scope):
-            if callee in GRAD_SCALERS:
-                return True
+        for value in self.model.values_of(expr, scope):
+            # ``GradScaler(...) if use_amp else None`` counts: the scaler path is the one that matters.
+            options = [value.body, value.orelse] if isinstance(value, cst.IfExp) else [value]
+            for option in options:
+                if isinstance(option, cst.Call) and self.model.qualname(option.func, scope) in GRAD_SCALERS:
+                    return True
         used = self._method_receivers
         return key in used.get("scale", set()) and any(
             key in used.get(m, set()) for m in ("step", "update", "unscale_")
@@ -122,6 +155,104 @@ class Training:
 
     def is_optimizer(self, expr: cst.CSTNode | None, scope: Scope) -> bool:
         return any(is_optimizer_class(callee) for _, callee in self.model.call_values(expr, scope))
+
+    @functools.cached_property
+    def _scaler_arguments(self) -> set[str]:
+        """Dotted texts passed to ``scaler.step(x)`` / ``scaler.unscale_(x)`` anywhere in the file."""
+        out = set()
+        for event in self.events:
+            if event.kind in ("scaler_step", "unscale"):
+                arg = first_arg(event.call, "optimizer")
+                key = dotted(arg) if arg is not None else None
+                if key:
+                    out.add(key)
+        return out
+
+    def is_optimizer_like(self, expr: cst.CSTNode | None, scope: Scope) -> bool:
+        """An optimizer by construction, by use (passed to ``scaler.step``/``scaler.unscale_``), or,
+        for parameters and attributes whose construction is not visible, by a name such as
+        ``optimizer``, ``self.optim``, ``opt_g`` or ``d_optimizer`` (never a ``*sched*`` name)."""
+        key = dotted(expr)
+        if key is None:
+            return False
+        if self.is_optimizer(expr, scope) or key in self._scaler_arguments:
+            return True
+        values = self.model.values_of(expr, scope)
+        if any(isinstance(v, cst.Call) for v in values):
+            return False  # built by something we can name, and it is not an optimizer class
+        return bool(OPTIMIZER_NAME.match(key.rsplit(".", 1)[-1])) and "sched" not in key.lower()
+
+    # -- accumulation ---------------------------------------------------------------------------------
+    def accumulation_condition(self, frame_or_test: Frame | cst.BaseExpression, scope: Scope) -> bool:
+        """Whether an ``if`` (a Frame of kind ``if``, or a test expression) is a gradient-accumulation
+        condition, in either polarity. Recognised forms:
+
+        - a modulo comparison: ``(i + 1) % accum == 0``, ``step % n != 0``, ``not i % n``,
+          ``i % n == n - 1`` (any modulo whose divisor is not the literal 2, which is parity);
+        - ``accelerator.sync_gradients`` (any ``x.sync_gradients``) and ``not ...`` of it;
+        - any ``and``/``or`` that contains one: ``step % accum == 0 or is_last_batch``;
+        - a local name or ``self.attr`` every assignment of which is one: ``is_update_step = (i + 1)
+          % accum == 0`` then ``if is_update_step:``;
+        - for a Frame only: a counter reset, ``if count == accum:`` whose body sets ``count = 0``.
+        """
+        if isinstance(frame_or_test, Frame):
+            node = frame_or_test.node
+            if frame_or_test.kind != "if" or not isinstance(node, cst.If):
+                return False
+            if self._accumulation_test(node.test, scope, 0):
+                return True
+            return self._counter_reset(node)
+        return self._accumulation_test(frame_or_test, scope, 0)
+
+    def _accumulation_test(self, test: cst.BaseExpression, scope: Scope, depth: int) -> bool:
+        if depth > 4:
+            return False
+        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            return self._accumulation_test(test.expression, scope, depth + 1)
+        if isinstance(test, cst.BooleanOperation):
+            return self._accumulation_test(test.left, scope, depth + 1) or self._accumulation_test(
+                test.right, scope, depth + 1
+            )
+        if isinstance(test, cst.Attribute) and test.attr.value == "sync_gradients":
+            return True
+        if is_modulo(test) or (
+            isinstance(test, cst.Comparison)
+            and (is_modulo(test.left) or any(is_modulo(c.comparator) for c in test.comparisons))
+        ):
+            return True
+        if isinstance(test, cst.Name | cst.Attribute):
+            values = self.model.values_of(test, scope)
+            return bool(values) and all(self._accumulation_test(v, scope, depth + 1) for v in values)
+        return False
+
+    @staticmethod
+    def _counter_reset(node: cst.If) -> bool:
+        test = node.test
+        if not (
+            isinstance(test, cst.Comparison)
+            and isinstance(test.comparisons[0].operator, cst.Equal | cst.GreaterThanEqual)
+        ):
+            return False
+        names = {dotted(test.left), *(dotted(c.comparator) for c in test.comparisons)} - {None}
+        for sub in walk(node.body):
+            if isinstance(sub, cst.Assign) and isinstance(sub.value, cst.Integer) and sub.value.value == "0":
+                if any(dotted(t.target) in names for t in sub.targets):
+                    return True
+        return False
+
+    def under_accumulation(self, site: Site, loop: cst.CSTNode | None = None) -> Frame | None:
+        """The innermost ``if`` frame around ``site`` that is an accumulation condition, looking only
+        inside ``loop`` when it is given (frames outside that loop do not count)."""
+        frames = list(site.frames)
+        if loop is not None:
+            index = next((i for i, f in enumerate(frames) if f.node is loop), None)
+            if index is None:
+                return None
+            frames = frames[index + 1 :]
+        for frame in reversed(frames):
+            if frame.kind == "if" and self.accumulation_condition(frame, site.scope):
+                return frame
+        return None
 
     # -- events ---------------------------------------------------------------------------------------
     def _classify(self, site: Site) -> Event | None:
@@ -173,12 +304,13 @@ class Training:
         return False
 
     def is_low_precision_dtype(self, expr: cst.CSTNode, scope: Scope) -> bool:
-        if self.model.qualname(expr, scope) in LOW_PRECISION_DTYPES:
-            return True
+        """``torch.float16``/``torch.half``/``torch.bfloat16``, or a local name every assignment of which
+        is one (``weight_dtype = torch.float32`` then ``= torch.bfloat16`` under a flag is unknown)."""
         if isinstance(expr, cst.Name):
             values = self.model.values_of(expr, scope)
-            return bool(values) and all(self.model.qualname(v, scope) in LOW_PRECISION_DTYPES for v in values)
-        return False
+            if values:
+                return all(self.model.qualname(v, scope) in LOW_PRECISION_DTYPES for v in values)
+        return self.model.qualname(expr, scope) in LOW_PRECISION_DTYPES
 
     @functools.cached_property
     def events(self) -> list[Event]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import io
+import re
 import tokenize
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,16 +23,24 @@ def applicable(finding: Finding, unsafe: bool) -> bool:
     return unsafe or finding.fix.applicability in (Applicability.SAFE, Applicability.VERIFIED)
 
 
+_LINE_END = re.compile(r"\r\n|\r|\n")
+
+
 def _offsets(text: str) -> list[int]:
-    starts = [0]
-    for line in text.splitlines(keepends=True):
-        starts.append(starts[-1] + len(line))
-    return starts
+    """Offsets of each line's start, splitting lines exactly where the parser does (\\n, \\r\\n, \\r)."""
+    return [0, *(m.end() for m in _LINE_END.finditer(text))]
+
+
+def newline_of(text: str) -> str:
+    match = _LINE_END.search(text)
+    return match.group() if match else "\n"
 
 
 def apply_edits(text: str, fixes: list[tuple[Edit, ...]]) -> tuple[str, int]:
-    """Apply whole fixes (all edits of one fix or none), skipping any that overlap an earlier one."""
+    """Apply whole fixes (every edit of a fix or none of them), skipping a fix that touches a range an
+    earlier fix already changed. Inserted newlines follow the file's own line endings."""
     starts = _offsets(text)
+    newline = newline_of(text)
 
     def offset(line: int, column: int) -> int:
         return starts[line - 1] + column - 1
@@ -41,16 +50,12 @@ def apply_edits(text: str, fixes: list[tuple[Edit, ...]]) -> tuple[str, int]:
     applied = 0
     for edits in fixes:
         spans = [(offset(e.line, e.column), offset(e.end_line, e.end_column), e.content) for e in edits]
-        if any(
-            not (end <= a or start >= b) or (start == end == a == b)
-            for start, end, _ in spans
-            for a, b in taken
-        ):
+        if any(start <= b and a <= end for start, end, _ in spans for a, b in taken):
             continue
-        taken.extend((s, e) for s, e, _ in spans)
-        chosen.extend(spans)
+        taken.extend((start, end) for start, end, _ in spans)
+        chosen.extend((start, end, content.replace("\n", newline)) for start, end, content in spans)
         applied += 1
-    for start, end, content in sorted(chosen, key=lambda s: (s[0], s[1]), reverse=True):
+    for start, end, content in sorted(chosen, key=lambda span: (span[0], span[1]), reverse=True):
         text = text[:start] + content + text[end:]
     return text, applied
 

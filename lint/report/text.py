@@ -111,4 +111,5 @@ def render_statistics(report: RunReport, console: Console) -> None:
     for rule_id, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
         rule = registry().get(rule_id)
         fix = "[*]" if any(fixable(f, False) for f in report.findings if f.rule == rule_id) else "[ ]"
-        console.print(f"{count:>5}\t{rule_id}\t{fix} {rule.name if rule else ''}", highlight=False)
+        # plain print: rich would expand the tabs that scripts split on
+        print(f"{count:>5}\t{rule_id}\t{fix} {rule.name if rule else ''}", file=console.file)
