@@ -170,16 +170,17 @@ class Training:
 
     def is_optimizer_like(self, expr: cst.CSTNode | None, scope: Scope) -> bool:
         """An optimizer by construction, by use (passed to ``scaler.step``/``scaler.unscale_``), or,
-        for parameters and attributes whose construction is not visible, by a name such as
-        ``optimizer``, ``self.optim``, ``opt_g`` or ``d_optimizer`` (never a ``*sched*`` name)."""
+        for parameters, factories (``build_optimizer(cfg)``) and attributes whose construction is not
+        visible, by a name such as ``optimizer``, ``self.optim``, ``opt_g`` or ``d_optimizer`` (never a
+        ``*sched*`` name nor something built by a learning-rate scheduler class)."""
         key = dotted(expr)
         if key is None:
             return False
         if self.is_optimizer(expr, scope) or key in self._scaler_arguments:
             return True
-        values = self.model.values_of(expr, scope)
-        if any(isinstance(v, cst.Call) for v in values):
-            return False  # built by something we can name, and it is not an optimizer class
+        for _, callee in self.model.call_values(expr, scope):
+            if callee and ("lr_scheduler" in callee or "sched" in callee.rsplit(".", 1)[-1].lower()):
+                return False
         return bool(OPTIMIZER_NAME.match(key.rsplit(".", 1)[-1])) and "sched" not in key.lower()
 
     # -- accumulation ---------------------------------------------------------------------------------

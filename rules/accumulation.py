@@ -307,9 +307,10 @@ class AccumulationMeanOfMeans(Rule):
         (directly or through a flag such as ``is_accumulating = i % n != 0``) and whose body steps
         an optimizer."""
         counts: set[str] = set()
-        for event in model.training.events_in(scope, "step", "scaler_step"):
+        training = model.training
+        for event in training.events_in(scope, "step", "scaler_step"):
             for frame in event.site.frames:
-                if frame.kind != "if" or not isinstance(frame.node, cst.If):
+                if not isinstance(frame.node, cst.If) or not training.accumulation_condition(frame, scope):
                     continue
                 test = frame.node.test
                 counts.update(modulo_divisors(test))

@@ -1141,6 +1141,10 @@ def uses_scaling_framework(model: FileModel) -> bool:
 
 
 def scaler_in_file(model: FileModel) -> bool:
+    """Any sign of loss scaling in the file: scaler events, a GradScaler, or a ``*scaler*`` name (a
+    scaler passed in from another file, ``loss = loss_scaler.scale(loss)``)."""
+    if "scaler" in model.source.lower():
+        return True
     training = model.training
     if training.of_kind("scaled_backward", "unscale", "scaler_step"):
         return True
@@ -1280,7 +1284,9 @@ class StepBypassesScaler(Rule):
             recv = receiver(step.call)
             if not training.is_optimizer_like(recv, site.scope):
                 continue
-            events = training.events_in(site.scope, "scaled_backward", "backward", "scaler_step", "update")
+            events = training.events_in(
+                site.scope, "scaled_backward", "backward", "scaler_step", "update", "unscale"
+            )
 
             def on_path(e: Event, site: Site = site) -> bool:
                 return not exclusive(e.site.frames, site.frames)
@@ -1302,10 +1308,18 @@ class StepBypassesScaler(Rule):
                 continue  # a plain backward of another loss comes last
             scaler = backward.key or "scaler"
             optimizer = dotted(recv) or "optimizer"
+            if any(e.kind == "unscale" for e in between):
+                problem = (
+                    "bypasses the GradScaler, so a step with inf/NaN gradients is applied instead of skipped"
+                )
+            else:
+                problem = (
+                    "applies gradients that are still multiplied by the loss scale and does not skip "
+                    "inf/NaN steps"
+                )
             yield Diagnostic(
                 step.call,
-                f"`{optimizer}.step()` applies gradients that are still multiplied by the loss scale and "
-                f"does not skip inf/NaN steps; call `{scaler}.step({optimizer})` instead.",
+                f"`{optimizer}.step()` {problem}; call `{scaler}.step({optimizer})` instead.",
                 related=((backward.call, "scaled backward here"),),
                 fix=self._fix(model, step, scaler, optimizer, [e for e in events if e.kind == "update"]),
             )
@@ -1353,14 +1367,14 @@ class ScalerUpdatePerMicrostep(Rule):
             "modulo, a counter that is reset)."
         ),
         why=(
-            "`update()` consumes the inf/NaN checks that `scaler.step` (or `unscale_`) recorded and "
-            "picks the next scale. Called on a micro-step where nothing was stepped, it either raises "
-            "(`No inf checks were recorded prior to update`, in current PyTorch) or, when an "
-            "`unscale_` ran on that micro-step, changes the scale in the middle of the window: with 4 "
-            "micro-steps and a scale of 65536 that is halved after an overflow on micro-step 2, the "
-            "window sums gradients multiplied by 65536 and by 32768, and the final unscale divides "
-            "them all by one factor, so half of the window is weighted wrongly. The scale must stay "
-            "fixed for the whole window and be updated once, right after `scaler.step`."
+            "`update()` consumes the inf/NaN checks that `scaler.step` (or `unscale_`) recorded since "
+            "the last update and picks the next scale. On a micro-step where nothing was stepped it "
+            "raises `AssertionError: No inf checks were recorded prior to update` (unless the scaler "
+            "is disabled, which is why a run without AMP does not notice). Code that silences this by "
+            "calling `unscale_` on every micro-step is worse off: each `unscale_` divides the whole "
+            "accumulated gradient by the scale again, so with a scale of 65536 and 4 micro-steps the "
+            "first micro-step's gradient ends up divided by 65536^3 ≈ 2.8e14 and is erased. The scale "
+            "must stay fixed for the whole window and be updated once, right after `scaler.step`."
         ),
         example=(
             "for i, batch in enumerate(loader):\n"
@@ -1964,3 +1978,306 @@ class ScalerWithBf16(Rule):
                 "use fp16 autocast.",
                 related=((autocasts[0].node, "bf16 autocast here"),),
             )
+
+
+# ----------------------------------------------------------------------------------------------------
+# TL108 clip-after-step
+# ----------------------------------------------------------------------------------------------------
+
+
+def is_infinite(model: FileModel, expr: cst.BaseExpression | None, scope: Scope) -> bool:
+    """``float('inf')``, ``math.inf``, ``torch.inf``: a clip that only measures the norm."""
+    if expr is None:
+        return False
+    if isinstance(expr, cst.Call) and model.qualname(expr.func, scope) == "builtins.float":
+        args = positional(expr)
+        return (
+            bool(args) and isinstance(args[0], cst.SimpleString) and "inf" in args[0].evaluated_value.lower()
+        )
+    return model.qualname(expr, scope) in INFINITIES
+
+
+class ClipAfterStep(Rule):
+    id = "TL108"
+    name = "clip-after-step"
+    severity = Severity.WARNING
+    summary = "Gradient clipping after the optimizer step that consumed those gradients."
+    tokens = ("clip_grad",)
+    doc = RuleDoc(
+        what=(
+            "Reports `torch.nn.utils.clip_grad_norm_` / `clip_grad_value_` that runs after "
+            "`optimizer.step()` (or `scaler.step(optimizer)`) and before the next backward, with no "
+            "other step after it that could use the clipped gradients. A `clip_grad_norm_` with an "
+            "infinite threshold (`float('inf')`), which only measures the norm, is not reported."
+        ),
+        why=(
+            "The optimizer has already applied the gradients, so clipping them afterwards changes "
+            "nothing in that update; then `zero_grad()` (or the next backward) discards or overwrites "
+            "them. A run that was meant to cap the update at a norm of 1.0 applies a gradient of norm "
+            "250 unchanged, and a loss spike that clipping should have absorbed goes straight into "
+            "the weights, while the loss curve gives no hint that clipping never took effect."
+        ),
+        example=(
+            "loss.backward()\n"
+            "optimizer.step()\n"
+            "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+            "optimizer.zero_grad()"
+        ),
+        use_instead=(
+            "loss.backward()\n"
+            "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+            "optimizer.step()\n"
+            "optimizer.zero_grad()"
+        ),
+        references=("https://pytorch.org/docs/stable/generated/torch.nn.utils.clip_grad_norm_.html",),
+    )
+    valid = (
+        "import torch\nloss.backward()\ntorch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\noptimizer.step()",
+        # measuring the norm after the step
+        "import torch\nloss.backward()\noptimizer.step()\n"
+        "norm = torch.nn.utils.clip_grad_norm_(model.parameters(), float('inf'))",
+        # GAN: the clip is for the second optimizer, stepped after it
+        "import torch\nloss_d.backward()\nopt_d.step()\nloss_g.backward()\n"
+        "torch.nn.utils.clip_grad_norm_(gen.parameters(), 1.0)\nopt_g.step()",
+        # step of one optimizer, clip then step of another, same backward
+        "import torch\nloss.backward()\nopt_a.step()\ntorch.nn.utils.clip_grad_value_(b.parameters(), 0.5)\n"
+        "opt_b.step()",
+        # scheduler step is not the optimizer step
+        "import torch\nloss.backward()\nscheduler.step()\ntorch.nn.utils.clip_grad_norm_(params, 1.0)\n"
+        "optimizer.step()",
+        # in a loop: clip at the top of the iteration, after the previous backward... and the step after it
+        "import torch\nfor x in data:\n    loss = model(x)\n    loss.backward()\n"
+        "    torch.nn.utils.clip_grad_norm_(params, 1.0)\n    optimizer.step()\n    optimizer.zero_grad()",
+        # the step is in the other branch
+        "import torch\nloss.backward()\nif skip:\n    torch.nn.utils.clip_grad_norm_(params, 1.0)\nelse:\n"
+        "    optimizer.step()",
+        # a step with no backward before it in the function
+        "import torch\ndef finish(optimizer):\n    optimizer.step()\n    torch.nn.utils.clip_grad_norm_(params, 1.0)",
+    )
+    invalid = (
+        Invalid(
+            "import torch\nloss.backward()\noptimizer.step()\n"
+            "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\noptimizer.zero_grad()",
+            line=4,
+        ),
+        Invalid(
+            "import torch\nscaler = torch.amp.GradScaler()\nscaler.scale(loss).backward()\nscaler.step(opt)\n"
+            "scaler.update()\ntorch.nn.utils.clip_grad_norm_(params, 1.0)",
+            line=6,
+        ),
+        Invalid(
+            "import torch\nfor x in data:\n    loss = model(x)\n    loss.backward()\n    optimizer.step()\n"
+            "    torch.nn.utils.clip_grad_value_(model.parameters(), 0.5)\n    optimizer.zero_grad()",
+            line=6,
+        ),
+        Invalid(
+            "from torch.nn.utils import clip_grad_norm_\nclass T:\n    def __init__(self):\n"
+            "        self.optimizer = torch.optim.AdamW(self.model.parameters())\n"
+            "    def step(self, loss):\n        loss.backward()\n        self.optimizer.step()\n"
+            "        if self.max_norm:\n            clip_grad_norm_(self.model.parameters(), self.max_norm)",
+            line=9,
+        ),
+        Invalid(
+            "import torch\nfor i, x in enumerate(data):\n    model(x).backward()\n    if (i + 1) % k == 0:\n"
+            "        opt.step()\n        torch.nn.utils.clip_grad_norm_(params, 1.0)\n        opt.zero_grad()",
+            line=6,
+        ),
+        Invalid(
+            "import torch.nn as nn\ndef train(model, optimizer, loss):\n    loss.backward()\n"
+            "    optimizer.step()\n    total = nn.utils.clip_grad_norm_(model.parameters(), max_norm=5.0)\n"
+            "    return total",
+            line=5,
+        ),
+    )
+
+    def check(self, model: FileModel) -> Iterator[Diagnostic]:
+        training = model.training
+        for clip in training.of_kind("clip"):
+            site = clip.site
+            norm = positional(clip.call)[1:2] or [
+                a.value for a in clip.call.args if a.keyword and a.keyword.value in ("max_norm", "clip_value")
+            ]
+            if norm and is_infinite(model, norm[0], site.scope):
+                continue
+            events = training.events_in(site.scope, "backward", "scaled_backward", "step", "scaler_step")
+            on_path = [e for e in events if not exclusive(e.site.frames, site.frames)]
+            backwards = [e for e in on_path if e.kind in ("backward", "scaled_backward")]
+            before = [e for e in backwards if e.order < clip.order]
+            if not before:
+                continue
+            last_backward = before[-1]
+
+            def optimizer_step(e: Event) -> bool:
+                if e.kind == "scaler_step":
+                    return True
+                return e.kind == "step" and training.is_optimizer_like(receiver(e.call), e.site.scope)
+
+            # Only when the clip runs exactly on the iterations where the step ran (same loops, and
+            # every condition of the step also guards the clip).
+            steps = [
+                e
+                for e in on_path
+                if optimizer_step(e)
+                and last_backward.order < e.order < clip.order
+                and runs_with(site, e.site)
+            ]
+            if not steps:
+                continue
+            next_backward = min((e.order for e in backwards if e.order > clip.order), default=None)
+            if any(
+                e.kind in ("step", "scaler_step")
+                and e.order > clip.order
+                and (next_backward is None or e.order < next_backward)
+                and "sched" not in (dotted(receiver(e.call)) or "").lower()
+                for e in on_path
+            ):
+                continue
+            yield Diagnostic(
+                clip.call,
+                f"`{attr_name(clip.call)}` runs after the optimizer step on line {line_of(model, steps[-1].call)} "
+                "has already applied the gradients, so it changes nothing; clip between backward and step.",
+                related=((steps[-1].call, "optimizer step here"),),
+            )
+
+
+# ----------------------------------------------------------------------------------------------------
+# TL109 fp16-autocast-without-scaler
+# ----------------------------------------------------------------------------------------------------
+
+
+class Fp16AutocastWithoutScaler(Rule):
+    id = "TL109"
+    name = "fp16-autocast-without-scaler"
+    severity = Severity.WARNING
+    summary = "fp16 autocast with a plain backward and no GradScaler: small gradients underflow to zero."
+    tokens = ("autocast",)
+    doc = RuleDoc(
+        what=(
+            "Reports a plain `loss.backward()` whose loss was computed under fp16 autocast "
+            "(`torch.autocast('cuda')` and `torch.amp.autocast('cuda')` default to fp16, "
+            "`torch.cuda.amp.autocast()` too, or an explicit `dtype=torch.float16`) in a file that "
+            "uses no GradScaler. Not reported for bf16 autocast, an autocast whose dtype or device is "
+            "not known, a file that uses a `GradScaler` (or any name containing `scaler`, such as a "
+            "`loss_scaler` passed in from elsewhere), or code built on a framework that "
+            "scales the loss itself (Accelerate, Lightning, DeepSpeed, apex, Megatron)."
+        ),
+        why=(
+            "Under fp16 autocast the activations and their gradients are fp16, whose smallest "
+            "positive value is 2^-24 ≈ 6e-8 (and which loses precision below 2^-14 ≈ 6e-5). "
+            "Gradients of a loss averaged over a large batch are often that small: a gradient of "
+            "1e-8 becomes exactly 0 and the layers below it receive nothing. A GradScaler multiplies "
+            "the loss by 65536 before backward, which moves 1e-8 to 6.6e-4, comfortably inside "
+            "fp16's range, and divides it back out in fp32 before the step."
+        ),
+        example=(
+            "with torch.autocast('cuda', dtype=torch.float16):\n"
+            "    loss = loss_fn(model(x), y)\n"
+            "loss.backward()\n"
+            "optimizer.step()"
+        ),
+        use_instead=(
+            "scaler = torch.amp.GradScaler('cuda')\n"
+            "with torch.autocast('cuda', dtype=torch.float16):\n"
+            "    loss = loss_fn(model(x), y)\n"
+            "scaler.scale(loss).backward()\n"
+            "scaler.step(optimizer)\n"
+            "scaler.update()"
+        ),
+        references=("https://pytorch.org/docs/stable/amp.html#gradient-scaling",),
+    )
+    valid = (
+        "import torch\nwith torch.autocast('cuda', dtype=torch.bfloat16):\n    loss = model(x)\nloss.backward()",
+        "import torch\nscaler = torch.amp.GradScaler()\nwith torch.autocast('cuda'):\n    loss = model(x)\n"
+        "scaler.scale(loss).backward()",
+        # cpu autocast defaults to bf16
+        "import torch\nwith torch.autocast('cpu'):\n    loss = model(x)\nloss.backward()",
+        # unknown device
+        "import torch\nwith torch.autocast(device_type=device):\n    loss = model(x)\nloss.backward()",
+        # Accelerate scales
+        "import torch\nfrom accelerate import Accelerator\nwith torch.autocast('cuda'):\n    loss = model(x)\n"
+        "accelerator.backward(loss)\nloss2.backward()",
+        # the backward's loss was not computed under autocast
+        "import torch\nwith torch.autocast('cuda'):\n    feats = model(x)\nloss2 = other(y)\nloss2.backward()",
+        # disabled autocast
+        "import torch\nwith torch.autocast('cuda', enabled=False):\n    loss = model(x)\nloss.backward()",
+        # the scaler is created elsewhere in the file (a trainer class)
+        "import torch\nclass T:\n    def __init__(self):\n        self.scaler = torch.cuda.amp.GradScaler()\n"
+        "    def eval_grad(self, x):\n        with torch.autocast('cuda'):\n            loss = self.model(x)\n"
+        "        loss.backward()",
+    )
+    invalid = (
+        Invalid(
+            "import torch\nwith torch.autocast('cuda', dtype=torch.float16):\n    loss = model(x)\nloss.backward()",
+            line=4,
+        ),
+        Invalid(
+            "from torch.cuda.amp import autocast\nfor x, y in data:\n    with autocast():\n"
+            "        out = model(x)\n        loss = crit(out, y)\n    loss = loss / accum\n    loss.backward()",
+            line=7,
+        ),
+        Invalid(
+            "import torch\ndef step(model, x):\n    with torch.amp.autocast('cuda'):\n        loss = model(x).mean()\n"
+            "    loss.backward()",
+            line=5,
+        ),
+        # backward inside the region (also TL106)
+        Invalid(
+            "import torch\nwith torch.autocast(device_type='cuda', dtype=torch.half):\n    loss = model(x)\n"
+            "    loss.backward()",
+            line=4,
+        ),
+        # tuple target
+        Invalid(
+            "import torch\nwith torch.autocast('cuda'):\n    logits, loss = model(x, y)\n(loss * 2).backward()",
+            line=4,
+        ),
+        # enabled from a flag: on the fp16 path there is no scaler
+        Invalid(
+            "import torch\nwith torch.autocast('cuda', enabled=args.amp):\n    out = model(x)\n"
+            "    loss = out.loss\nloss.backward()",
+            line=5,
+        ),
+    )
+
+    def check(self, model: FileModel) -> Iterator[Diagnostic]:
+        training = model.training
+        if scaler_in_file(model) or uses_scaling_framework(model):
+            return
+        for backward in training.of_kind("backward"):
+            site = backward.site
+            recv = receiver(backward.call)
+            if recv is None:
+                continue
+            names = {dotted(n) for n in walk(recv) if isinstance(n, cst.Name)} - {None}
+            region = self._fp16_region(model, site)
+            if region is None:
+                for assign in model.assigns:
+                    if assign.scope is not site.scope or assign.order > site.order:
+                        continue
+                    node = assign.node
+                    targets = (
+                        [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+                    )
+                    bound = {dotted(n) for t in targets for n in walk(t) if isinstance(n, cst.Name)}
+                    if bound & names:
+                        found = self._fp16_region(model, assign)
+                        if found is not None:
+                            region = found
+            if region is None:
+                continue
+            yield Diagnostic(
+                backward.call,
+                "The loss comes from fp16 autocast but is backpropagated without a GradScaler: gradients "
+                "below about 6e-8 underflow to zero in fp16; use `torch.amp.GradScaler` (or bf16 autocast).",
+                related=((region, "fp16 autocast here"),),
+            )
+
+    @staticmethod
+    def _fp16_region(model: FileModel, site: Site) -> cst.Call | None:
+        regions = autocast_frames(model, site)
+        if not regions:
+            return None
+        call, enabled = regions[-1]
+        if enabled and autocast_dtype(model, call, site.scope) == "fp16":
+            return call
+        return None
