@@ -6,6 +6,7 @@ Unknown keys, unknown rule ids and values of the wrong type are errors (``Config
 from __future__ import annotations
 
 import fnmatch
+import math
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -79,6 +80,8 @@ def check_selectors(values: Iterable[str], where: str) -> list[str]:
         if not isinstance(value, str):
             raise ConfigError(f"{where}: expected rule ids as strings, got {value!r}")
         v = value.strip().upper()
+        if not v:
+            raise ConfigError(f"{where}: empty rule id (an empty selector would match every rule)")
         if v != "ALL" and not any(i.startswith(v) for i in ids):
             raise ConfigError(f"{where}: unknown rule id or prefix {value!r} (see `trainlint --list-rules`)")
         out.append(v)
@@ -104,13 +107,35 @@ def find_config(start: Path) -> Path | None:
             return candidate
         candidate = folder / "pyproject.toml"
         if candidate.is_file():
-            try:
-                data = tomllib.loads(candidate.read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-                raise ConfigError(f"{candidate}: cannot parse TOML: {exc}") from None
-            if "trainlint" in data.get("tool", {}):
+            tool = _read_toml(candidate).get("tool")
+            if isinstance(tool, dict) and "trainlint" in tool:
                 return candidate
     return None
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: cannot read: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {(exc.strerror or type(exc).__name__).lower()}") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: cannot parse TOML: {exc}") from None
+
+
+def _settings_table(data: dict[str, Any], path: Path) -> tuple[Any, str]:
+    """The trainlint settings in a parsed file, and how to name them in messages."""
+    tool = data.get("tool")
+    if path.name == "pyproject.toml" or (isinstance(tool, dict) and "trainlint" in tool):
+        if tool is None:
+            return {}, "[tool.trainlint]"
+        if not isinstance(tool, dict):
+            raise ConfigError(f"{path}: [tool] must be a table, got {tool!r}")
+        return tool.get("trainlint", {}), "[tool.trainlint]"
+    return data, path.name
 
 
 def _str_list(value: Any, where: str) -> list[str]:
@@ -123,24 +148,13 @@ def load_config(path: Path | None) -> Config:
     """Read and validate a configuration file; ``None`` gives the defaults rooted at the cwd."""
     if path is None:
         return Config()
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read: {exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: cannot parse TOML: {exc}") from None
-    if path.name == "pyproject.toml":
-        table = data.get("tool", {}).get("trainlint", {})
-        prefix = "[tool.trainlint]"
-    else:
-        table = data.get("tool", {}).get("trainlint", data)
-        prefix = path.name
+    table, prefix = _settings_table(_read_toml(path), path)
     if not isinstance(table, dict):
-        raise ConfigError(f"{path}: {prefix} must be a table")
-    where = f"{path}: {prefix}"
+        raise ConfigError(f"{path}: {prefix} must be a table, got {table!r}")
+    where = f"{path}: {prefix}" if prefix.startswith("[") else str(path)
     unknown = sorted(set(table) - TOP_KEYS)
     if unknown:
-        raise ConfigError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(TOP_KEYS))})")
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r} (known keys: {', '.join(sorted(TOP_KEYS))})")
     cfg = Config(root=path.parent.resolve(), source=path)
     if "select" in table:
         cfg.select = check_selectors(_str_list(table["select"], f"{where} select"), f"{where} select")
@@ -166,7 +180,10 @@ def load_config(path: Path | None) -> Config:
             raise ConfigError(f"{where} severity: expected a table of rule id = severity")
         for rule_id, level in sev.items():
             if registry().get(rule_id) is None:
-                raise ConfigError(f"{where} severity: unknown rule id {rule_id!r}")
+                raise ConfigError(
+                    f"{where} severity: unknown rule id {rule_id!r} (a full id such as TL101; "
+                    "see `trainlint --list-rules`)"
+                )
             try:
                 cfg.severity[rule_id.upper()] = Severity(level)
             except ValueError:
@@ -175,19 +192,28 @@ def load_config(path: Path | None) -> Config:
                 ) from None
     if "verify" in table:
         verify = table["verify"]
+        vwhere = f"{path}: {prefix[:-1]}.verify]" if prefix.startswith("[") else f"{where} [verify]"
         if not isinstance(verify, dict):
-            raise ConfigError(f"{where} verify: expected a table")
+            raise ConfigError(f"{where} verify: expected a table, got {verify!r}")
         unknown = sorted(set(verify) - VERIFY_KEYS)
         if unknown:
-            raise ConfigError(f"{where}.verify: unknown key {unknown[0]!r} (known: device, timeout)")
+            raise ConfigError(
+                f"{vwhere}: unknown key {unknown[0]!r} (known keys: {', '.join(sorted(VERIFY_KEYS))})"
+            )
         if "device" in verify:
-            if verify["device"] not in DEVICES:
-                raise ConfigError(f"{where}.verify device: expected one of {', '.join(DEVICES)}")
-            cfg.verify_device = verify["device"]
+            device = verify["device"]
+            if not isinstance(device, str) or device not in DEVICES:
+                raise ConfigError(f"{vwhere} device: expected one of {', '.join(DEVICES)}, got {device!r}")
+            cfg.verify_device = device
         if "timeout" in verify:
             timeout = verify["timeout"]
-            if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-                raise ConfigError(f"{where}.verify timeout: expected a positive number of seconds")
+            if (
+                isinstance(timeout, bool)
+                or not isinstance(timeout, int | float)
+                or not math.isfinite(timeout)
+                or timeout <= 0
+            ):
+                raise ConfigError(f"{vwhere} timeout: expected a positive number of seconds, got {timeout!r}")
             cfg.verify_timeout = float(timeout)
     return cfg
 

@@ -7,12 +7,25 @@ One file's failure (unreadable, unparsable, a rule raising) becomes a finding or
 from __future__ import annotations
 
 import ast
+import re
+import sys
+import threading
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import libcst as cst
 
+from trainlint.files import (
+    _UNSAFE_FOR_AST,
+    MAX_BRACKET_DEPTH,
+    MAX_NESTING,
+    MAX_SOURCE_BYTES,
+    Nesting,
+    scan_nesting,
+    too_large,
+)
 from trainlint.model import FileModel
 from trainlint.rule import (
     Diagnostic,
@@ -65,27 +78,170 @@ def unreadable(path: str, reason: str) -> Finding:
     return _engine_finding("TL902", path, 1, 1, f"Cannot lint this file: {reason}.")
 
 
-def _syntax_error(path: str, exc: Exception, source: str = "") -> Finding:
-    if isinstance(exc, cst.ParserSyntaxError):
-        # CPython's own parser locates most errors where users expect them (libcst often points at
-        # the token after); use it when it rejects the file too.
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                ast.parse(source)
-        except SyntaxError as cpython:
-            line, column = cpython.lineno or 1, cpython.offset or 1
-            text = f"Cannot parse this file: {cpython.msg}."
-        except (ValueError, RecursionError, MemoryError):
-            line, column = exc.editor_line, exc.editor_column
-            text = f"Cannot parse this file: {exc.message.strip().rstrip('.')}."
+_CONFLICT_MARKER = re.compile(r"^(?:<{7}|={7}|>{7})(?: |$)", re.MULTILINE)
+
+
+def _sentence(message: str) -> str:
+    message = message.strip()
+    return message if message.endswith((".", "?", "!")) else message + "."
+
+
+def _cpython_parse(text: str) -> tuple[ast.Module | None, BaseException | None]:
+    """CPython's verdict on the text: its tree, or the exception its parser raised."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return ast.parse(text), None
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        return None, exc
+
+
+def _too_deep(path: str, line: int, detail: str) -> Finding:
+    return _engine_finding(
+        "TL901",
+        path,
+        max(line, 1),
+        1,
+        f"Cannot parse this file: it is nested too deeply ({detail}); "
+        "simplify the expression or exclude the file.",
+    )
+
+
+def _is_depth_error(exc: BaseException | None) -> bool:
+    if isinstance(exc, (RecursionError, MemoryError)):
+        return True
+    return isinstance(exc, SyntaxError) and any(
+        marker in str(exc.msg) for marker in ("too many nested", "too complex", "nested too deeply")
+    )
+
+
+def _syntax_error(
+    path: str, text: str, exc: BaseException, cpython: BaseException | bool | None = False
+) -> Finding:
+    """TL901 for a file libcst rejected (``exc``), located where users expect it.
+
+    ``cpython`` is CPython's own verdict when already known (``False``: not yet asked)."""
+    marker = _CONFLICT_MARKER.search(text)
+    if marker is not None:
+        line = text.count("\n", 0, marker.start()) + 1
+        return _engine_finding(
+            "TL901",
+            path,
+            line,
+            1,
+            f"Cannot parse this file: it contains a merge-conflict marker at line {line}; "
+            "resolve the conflict first.",
+        )
+    if cpython is False:
+        cpython = _cpython_parse(text)[1]
+    if _is_depth_error(cpython):
+        line = getattr(cpython, "lineno", None) or 1
+        return _too_deep(path, line, f"more than Python's parser allows, near line {line}")
+    if isinstance(cpython, SyntaxError):
+        # CPython's parser locates most errors where users expect them (libcst often points at the
+        # token after) and explains them better ("Missing parentheses in call to 'print'").
+        line, column = cpython.lineno or 1, cpython.offset or 1
+        return _engine_finding(
+            "TL901", path, max(line, 1), max(column, 1), "Cannot parse this file: " + _sentence(cpython.msg)
+        )
+    if isinstance(exc, (cst.ParserSyntaxError, cst.CSTValidationError)):
+        if isinstance(exc, cst.ParserSyntaxError):
+            line, column, detail = exc.editor_line, exc.editor_column, exc.message.strip().rstrip(".")
         else:
-            line, column = exc.editor_line, exc.editor_column
-            text = f"Cannot parse this file: {exc.message.strip().rstrip('.')}."
-    else:
-        line, column = 1, 1
-        text = "Cannot parse this file: it is nested too deeply for the parser."
-    return _engine_finding("TL901", path, max(line, 1), max(column, 1), text)
+            line, column, detail = 1, 1, str(exc).strip().rstrip(".")
+        if cpython is None:  # Python accepts it; libcst (newer syntax, or a libcst limit) does not
+            detail = f"libcst, the parser trainlint uses, rejects it although Python accepts it: {detail}"
+        return _engine_finding(
+            "TL901", path, max(line, 1), max(column, 1), f"Cannot parse this file: {detail}."
+        )
+    if isinstance(cpython, ValueError):  # e.g. NUL characters
+        return _engine_finding("TL901", path, 1, 1, "Cannot parse this file: " + _sentence(str(cpython)))
+    return _too_deep(path, 1, "beyond what the parser can handle")
+
+
+def _tree_depth(tree: ast.AST) -> tuple[int, int]:
+    """The deepest nesting in a CPython tree, counted as libcst nests it (``a and b and c`` is one
+    ``BoolOp`` here but a chain there), with the line where it occurs. Iterative: never recurses."""
+    best, best_line = 0, 1
+    stack: list[tuple[ast.AST, int, int]] = [(tree, 1, 1)]
+    while stack:
+        node, depth, line = stack.pop()
+        line = getattr(node, "lineno", line)
+        if depth > best:
+            best, best_line = depth, line
+        step = len(node.values) - 1 if isinstance(node, ast.BoolOp) else 1
+        stack.extend((child, depth + max(step, 1), line) for child in ast.iter_child_nodes(node))
+    return best, best_line
+
+
+def _nesting_problem(path: str, text: str, nesting: Nesting) -> Finding | None:
+    """TL901 when the file is nested too deeply to hand to libcst safely (see ``scan_nesting``)."""
+    if nesting.brackets > MAX_BRACKET_DEPTH:
+        return _too_deep(
+            path,
+            nesting.brackets_line,
+            f"{nesting.brackets} levels of brackets at line {nesting.brackets_line}; "
+            f"Python allows at most {MAX_BRACKET_DEPTH}",
+        )
+    if nesting.bound <= MAX_NESTING:
+        return None
+    # The cheap bound is exceeded (long formulas and tables can do that): measure precisely.
+    if sys.version_info < (3, 11) and nesting.bound > _UNSAFE_FOR_AST:
+        return _too_deep(path, nesting.bound_line, f"a chain of about {nesting.bound} operations")
+    tree, cpython = _cpython_parse(text)
+    if tree is None:
+        if _is_depth_error(cpython):
+            line = getattr(cpython, "lineno", None) or nesting.bound_line
+            return _too_deep(path, line, f"more than Python's parser allows, near line {line}")
+        # An ordinary syntax error: report it without letting libcst near the deep part.
+        return _syntax_error(path, text, ValueError(), cpython)
+    depth, line = _tree_depth(tree)
+    if depth > MAX_NESTING:
+        return _too_deep(path, line, f"{depth} levels at line {line}; trainlint analyses up to {MAX_NESTING}")
+    return None
+
+
+# libcst's parser and visitors, and the file model, recurse once per nesting level. Files within the
+# limits above need more than the default 1000 Python frames and 8 MB stack, so they are analysed in a
+# thread with a large stack and a raised recursion limit.
+_STACK_BYTES = 256 * 1024 * 1024
+_RECURSION_LIMIT = 50_000
+
+
+def _with_headroom(work: Callable[[], FileResult]) -> FileResult:
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = work()
+        except BaseException as exc:  # re-raised in the caller's thread
+            box["error"] = exc
+
+    try:
+        previous = threading.stack_size(_STACK_BYTES)
+    except (ValueError, RuntimeError):  # pragma: no cover - platforms without a settable stack size
+        return work()
+    try:
+        worker = threading.Thread(target=target, name="trainlint-lint", daemon=True)
+    finally:
+        threading.stack_size(previous)
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, _RECURSION_LIMIT))
+    try:
+        worker.start()
+        started = True
+    except RuntimeError:  # pragma: no cover - no thread could be started (resource limits)
+        started = False
+    try:
+        if started:
+            worker.join()
+    finally:
+        sys.setrecursionlimit(limit)
+    if not started:  # pragma: no cover
+        return work()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 def needs_parse(text: str, rules: Iterable[type[Rule]]) -> bool:
@@ -146,18 +302,55 @@ def _syntax_ok_fast(text: str) -> bool:
 
 
 def lint_text(text: str, path: str, options: LintOptions) -> FileResult:
-    """Lint one file's decoded text, reported under ``path``."""
+    """Lint one file's decoded text, reported under ``path``. Never raises for any input text."""
     result = FileResult(path)
     reg = registry()
     rules = [r for r in (reg.get(i) for i in options.rule_ids) if r is not None and not r.engine_only]
     active = [r for r in rules if not options.prefilter or needs_parse(text, [r])]
-    if options.prefilter and not active and _syntax_ok_fast(text):
+
+    def report(finding: Finding) -> FileResult:
+        if finding.rule in options.rule_ids:
+            result.findings.append(finding)
         return result
+
+    if len(text) > MAX_SOURCE_BYTES:
+        return report(unreadable(path, too_large(len(text))))
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # lone surrogates: undecodable bytes smuggled in (stdin)
+            line = text.count("\n", 0, exc.start) + 1
+            return report(unreadable(path, f"cannot decode: undecodable bytes on line {line}"))
+    nesting: Nesting | None = None
+    if options.prefilter and not active:
+        # CPython 3.11+ raises on any nesting; 3.10's parser can overflow the C stack, so check first.
+        if sys.version_info < (3, 11):
+            nesting = scan_nesting(text)
+        if (nesting is None or _nesting_problem(path, text, nesting) is None) and _syntax_ok_fast(text):
+            return result
+    problem = _nesting_problem(path, text, nesting or scan_nesting(text))
+    if problem is not None:
+        return report(problem)
+    return _with_headroom(lambda: _lint_parsed(text, path, options, active, result))
+
+
+def _lint_parsed(
+    text: str, path: str, options: LintOptions, active: list[type[Rule]], result: FileResult
+) -> FileResult:
     try:
         module = cst.parse_module(text)
-    except (cst.ParserSyntaxError, RecursionError) as exc:
+    except (cst.ParserSyntaxError, cst.CSTValidationError, RecursionError, MemoryError) as exc:
+        # CSTValidationError: libcst's tokenizer accepted what its node checks reject (an identifier
+        # with a character Python does not allow, found by the fuzz tests).
         if "TL901" in options.rule_ids:
-            result.findings.append(_syntax_error(path, exc, text))
+            result.findings.append(_syntax_error(path, text, exc))
+        return result
+    except BaseException as exc:  # libcst's native parser panicking (PanicException is a BaseException)
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        result.errors.append(
+            {"path": path, "message": f"internal error in the parser (libcst): {type(exc).__name__}: {exc}"}
+        )
         return result
     result.parsed = True
     if not active:

@@ -1,10 +1,18 @@
-"""File discovery and reading: which files are linted, and their text decoded as Python declares it."""
+"""File discovery and reading: which files are linted, their text decoded as Python declares it, and
+the cheap pre-parse check that keeps pathological nesting away from the parsers.
+
+Nothing here raises on odd input: unreadable files, folders that cannot be listed, broken or looping
+links, binary content and oversized files all come back as a reason the engine reports as TL902.
+"""
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import io
 import os
+import re
+import stat
 import tokenize
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -35,16 +43,32 @@ DEFAULT_EXCLUDES = (
 )
 
 
+# Larger files are reported (TL902) rather than parsed: libcst needs about 7 s and 700 MB of memory per
+# megabyte of source, so a multi-megabyte generated file would stall a run or exhaust a worker's memory.
+MAX_SOURCE_BYTES = 2 * 1024 * 1024
+
+
 @dataclass(frozen=True)
 class SourceText:
     text: str | None
     error: str | None = None
 
 
+def _size(n: int) -> str:
+    return f"{n / (1024 * 1024):.1f} MiB" if n >= 1024 * 1024 else f"{n / 1024:.0f} KiB"
+
+
+def too_large(size: int, limit: int = MAX_SOURCE_BYTES) -> str:
+    return (
+        f"it is {_size(size)}, over the {_size(limit)} limit for one file (generated code? "
+        "exclude it with `extend-exclude`)"
+    )
+
+
 def is_excluded(path: Path, patterns: Iterable[str], root: Path) -> bool:
     """A path is excluded when a pattern matches its path relative to ``root`` or any one part."""
-    try:
-        rel = path.resolve().relative_to(root.resolve()).as_posix()
+    try:  # os.path.realpath, unlike Path.resolve on Python < 3.13, never raises on a looping link
+        rel = Path(os.path.realpath(path)).relative_to(os.path.realpath(root)).as_posix()
     except ValueError:
         rel = path.as_posix()
     parts = rel.split("/")
@@ -58,14 +82,32 @@ def is_excluded(path: Path, patterns: Iterable[str], root: Path) -> bool:
 
 
 def discover(paths: Iterable[Path], excludes: Iterable[str], root: Path, errors: list[str]) -> Iterator[Path]:
-    """``.py`` files under the given paths, sorted, each once. Explicit files are always included.
+    """``.py`` files under the given paths, sorted, each once. Explicit files are always included,
+    except notebooks (``.ipynb`` holds JSON, not Python source: it is skipped with a note).
 
-    Folders that cannot be listed and links that loop are reported into ``errors`` and skipped.
+    Reading reports the problems of what is yielded (TL902): broken links, files that cannot be read,
+    and folders that cannot be listed (yielded themselves, so that the report names them). Links that
+    loop are skipped and named in ``errors`` (a looping path cannot even be displayed), as are named
+    pipes, sockets and devices (reading one could block forever). Folders reached again through a link
+    are not walked twice.
     """
     excludes = tuple(excludes)
     seen: set[Path] = set()
     for given in paths:
-        if given.is_file() or (not given.exists() and given.is_symlink()):
+        kind = _kind(given)
+        if kind == "loop":
+            errors.append(f"{given}: the symbolic link loops; skipped")
+            continue
+        if kind == "special":
+            errors.append(f"{given}: not a regular file or folder; skipped")
+            continue
+        if kind == "missing":
+            errors.append(f"{given}: no such file or folder")
+            continue
+        if given.suffix == ".ipynb":
+            errors.append(f"{given}: notebooks are not linted (export the code to a .py file); skipped")
+            continue
+        if kind != "folder":
             key = given.absolute()
             if key not in seen:
                 seen.add(key)
@@ -74,8 +116,11 @@ def discover(paths: Iterable[Path], excludes: Iterable[str], root: Path, errors:
         found: list[Path] = []
         visited_dirs: set[str] = set()
 
-        def onerror(exc: OSError) -> None:
-            errors.append(f"{exc.filename}: cannot list folder: {exc.strerror}")
+        def onerror(exc: OSError, found: list[Path] = found) -> None:
+            if exc.filename is not None:
+                found.append(Path(os.fsdecode(exc.filename)))
+            else:  # pragma: no cover - os.walk always names the folder
+                errors.append(f"cannot list folder: {exc.strerror}")
 
         for dirpath, dirnames, filenames in os.walk(given, onerror=onerror, followlinks=True):
             real = os.path.realpath(dirpath)
@@ -89,13 +134,32 @@ def discover(paths: Iterable[Path], excludes: Iterable[str], root: Path, errors:
                 if not filename.endswith((".py", ".pyi")):
                     continue
                 candidate = base / filename
-                if not is_excluded(candidate, excludes, root):
+                kind = _kind(candidate)
+                if kind == "loop":
+                    errors.append(f"{candidate}: the symbolic link loops; skipped")
+                elif kind not in ("special", "missing") and not is_excluded(candidate, excludes, root):
                     found.append(candidate)
         for candidate in sorted(found):
             key = candidate.absolute()
             if key not in seen:
                 seen.add(key)
                 yield candidate
+
+
+def _kind(path: Path) -> str:
+    """file, folder, special (pipe, socket, device), loop, broken (a dangling link, or a path that
+    cannot be examined: reading it says why), or missing."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "loop"
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR) and not os.path.lexists(path):
+            return "missing"
+        return "broken"
+    if stat.S_ISDIR(mode):
+        return "folder"
+    return "file" if stat.S_ISREG(mode) else "special"
 
 
 def decode(data: bytes) -> SourceText:
@@ -115,10 +179,147 @@ def decode(data: bytes) -> SourceText:
     return SourceText(text)
 
 
-def read_source(path: Path) -> SourceText:
+def _os_reason(exc: OSError) -> str:
+    return (exc.strerror or type(exc).__name__).lower()
+
+
+def read_source(path: Path, max_bytes: int = MAX_SOURCE_BYTES) -> SourceText:
+    """The decoded text of a file, or why it cannot be linted. Never raises for I/O problems."""
+    if os.path.islink(path) and not os.path.exists(path):
+        try:
+            os.stat(path)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return SourceText(None, "cannot read: the symbolic link loops")
+        return SourceText(None, f"cannot read: broken symbolic link (to {os.readlink(path)!r})")
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
     try:
-        data = path.read_bytes()
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return SourceText(None, "cannot read: the file no longer exists (deleted during the run?)")
     except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
-        return SourceText(None, f"cannot read: {reason}")
+        return SourceText(None, f"cannot read: {_os_reason(exc)}")
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            return _folder_reason(path)
+        if not stat.S_ISREG(info.st_mode):
+            return SourceText(None, "cannot read: not a regular file")
+        if info.st_size > max_bytes:
+            return SourceText(None, too_large(info.st_size, max_bytes))
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+            if sum(map(len, chunks)) > max_bytes:  # grew while being read
+                return SourceText(None, too_large(sum(map(len, chunks)), max_bytes))
+        data = b"".join(chunks)
+    except OSError as exc:
+        return SourceText(None, f"cannot read: {_os_reason(exc)}")
+    finally:
+        os.close(fd)
     return decode(data)
+
+
+def _folder_reason(path: Path) -> SourceText:
+    """Discovery yields a folder only when it could not be listed: say why."""
+    try:
+        with os.scandir(path):
+            pass
+    except OSError as exc:
+        return SourceText(None, f"cannot list this folder: {_os_reason(exc)}")
+    return SourceText(None, "cannot read: it is a folder")
+
+
+# --- Nesting check -------------------------------------------------------------------------------
+#
+# Parsers recurse once per nesting level. CPython rejects more than 200 nested brackets, but libcst's
+# native parser crashes the whole process (a stack overflow, not an exception) on a few thousand
+# brackets or on long chains such as ``not not not ...``, and is quadratic on long operator chains;
+# Python 3.10's own ``ast.parse`` overflows on left-recursive chains of ~10^5 operators. So before any
+# parser sees a file, one regular-expression pass (strings and comments skipped) measures bracket
+# depth and bounds expression depth; only files past the bound get a precise (``ast``) measurement.
+
+MAX_BRACKET_DEPTH = 200  # CPython's own limit ("too many nested parentheses")
+MAX_NESTING = 1000  # expression/statement nesting trainlint analyses
+_UNSAFE_FOR_AST = 20_000  # Python 3.10's parser may overflow the C stack beyond this
+
+_STRING = r"""(?:[rRbBuUfF]{1,3})?(?:'''(?:[^'\\]|\\.|'(?!''))*(?:'''|\Z)|\"\"\"(?:[^"\\]|\\.|"(?!""))*(?:\"\"\"|\Z)|'(?:[^'\\\r\n]|\\.)*'?|"(?:[^"\\\r\n]|\\.)*"?)"""
+_SCAN = re.compile(
+    r"(?P<comment>\#[^\r\n]*)"
+    rf"|(?P<string>{_STRING})"
+    r"|(?P<open>[(\[{])"
+    r"|(?P<close>[)\]}])"
+    r"|(?P<sep>[,;]|(?<![=!<>:*/%@&|^+\-])=(?!=))"
+    r"|(?P<newline>\\\r?\n|\r\n|\n|\r)"
+    r"|(?P<elif>\belif\b)"
+    r"|(?P<op>\*\*|//|<<|>>|[-+*/%@&|^~.]|\b(?:and|or|not|lambda|if|await)\b)",
+    re.DOTALL,
+)
+_HEADS = ("elif", "else")
+_GAP = re.compile(r"(?:\s|\\|#[^\r\n]*)*")
+
+
+@dataclass(frozen=True)
+class Nesting:
+    """What the pre-parse scan found: bracket depth, and an upper bound on expression nesting."""
+
+    brackets: int
+    brackets_line: int
+    bound: int
+    bound_line: int
+
+
+def scan_nesting(text: str) -> Nesting:
+    """One pass over the text. ``bound`` over-approximates how deeply a parser will recurse: operators
+    and adjacent string literals between two commas (at any bracket level, summed along the bracket
+    path), and the ``elif`` branches of one top-level statement."""
+    depth = max_depth = depth_line = 0
+    line = 1
+    chain = 0  # operators so far in the current comma-separated part, plus the enclosing parts
+    saved: list[int] = []  # chain value of the enclosing part at each open bracket
+    elifs = 0
+    best = best_line = 0
+    after_string = -1  # end offset of the previous string literal, for implicit concatenation
+    for m in _SCAN.finditer(text):
+        kind = m.lastgroup
+        if kind == "comment":
+            continue
+        if kind == "string":
+            if after_string >= 0 and _GAP.fullmatch(text, after_string, m.start()):
+                chain += 1
+            after_string = m.end()
+            line += m.group().count("\n")
+        elif kind == "newline":
+            line += 1
+            if saved or m.group().startswith("\\"):
+                continue  # the logical line goes on
+            chain = 0
+            after_string = -1
+            following = text[m.end() : m.end() + 4]
+            if following[:1] not in ("", " ", "\t", "\f", "#", "\r", "\n") and following not in _HEADS:
+                elifs = 0  # a new top-level statement
+            continue
+        else:
+            after_string = -1
+            if kind == "op":
+                chain += 1
+            elif kind == "open":
+                saved.append(chain)
+                chain += 1
+                depth += 1
+                if depth > max_depth:
+                    max_depth, depth_line = depth, line
+            elif kind == "close":
+                if saved:
+                    chain = saved.pop() + 1  # ``f(...)``, ``a[...]``: one more link of the outer chain
+                    depth -= 1
+            elif kind == "sep":
+                chain = saved[-1] + 1 if saved else 0
+            elif kind == "elif":
+                elifs += 1
+                if elifs > best:
+                    best, best_line = elifs, line
+                continue
+        if chain > best:
+            best, best_line = chain, line
+    return Nesting(max_depth, depth_line, best, best_line)

@@ -996,10 +996,17 @@ class ZeroGradEveryMicrostep(Rule):
 
     @staticmethod
     def _backward_every_iteration(training, scope: Scope, loop: Frame, condition: Frame) -> bool:
+        """A backward runs on every iteration, and none runs only with the step: a backward under the
+        step's own condition (a GAN generator updated every n_critic iterations) means the
+        unconditional backward belongs to something else."""
+        every = False
         for event in training.events_in(scope, "backward", "scaled_backward"):
-            if in_loop(event.site, loop) and not any(f.node is condition.node for f in event.site.frames):
-                return True
-        return False
+            if not in_loop(event.site, loop):
+                continue
+            if any(f.node is condition.node for f in event.site.frames):
+                return False
+            every = True
+        return every
 
     @staticmethod
     def _same_optimizer(model: FileModel, zero: Event, optimizer: cst.BaseExpression, scope: Scope) -> bool:

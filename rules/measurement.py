@@ -7,7 +7,17 @@ from collections.abc import Iterator
 import libcst as cst
 
 from trainlint.evidence import frames_inside, innermost_loop
-from trainlint.model import FileModel, Scope, Site, attr_name, dotted, positional, receiver, walk, walk_scope
+from trainlint.model import (
+    FileModel,
+    Frame,
+    Scope,
+    Site,
+    attr_name,
+    dotted,
+    positional,
+    walk,
+    walk_scope,
+)
 from trainlint.rule import Diagnostic, Invalid, Rule, RuleDoc, Severity
 
 DEVICE_MODULES = ("torch.cuda", "torch.cuda.memory", "torch.xpu", "torch.xpu.memory", "torch.mps")
@@ -82,22 +92,27 @@ class PeakMemoryWithoutReset(Rule):
     id = "TL401"
     name = "peak-memory-without-reset"
     severity = Severity.WARNING
-    summary = "A peak-memory reading with no reset_peak_memory_stats() before it."
+    summary = "A peak-memory reading that measures a region, with no reset_peak_memory_stats() before it."
     tokens = ("max_memory_allocated", "max_memory_reserved")
     doc = RuleDoc(
         what=(
-            "Reports `torch.cuda.max_memory_allocated()` and `max_memory_reserved()` read in a scope "
-            "where no `torch.cuda.reset_peak_memory_stats()` (or the older `reset_max_memory_allocated()`) "
-            "runs before the reading. A reset earlier in the scope, in the same loop, in another method "
+            "Reports `torch.cuda.max_memory_allocated()` and `max_memory_reserved()` used to measure a "
+            "part of the program, with no `torch.cuda.reset_peak_memory_stats()` (or the older "
+            "`reset_max_memory_allocated()`) before the reading: a peak read on every iteration of a "
+            "loop that does work, or a peak from which a baseline is subtracted (`peak - before`). A "
+            "reset earlier in the scope, in the same loop, in an enclosing function, in another method "
             "of the same class (a context manager's `__enter__`), or in a function of this file called "
-            "earlier in the scope counts."
+            "earlier counts. A single reading outside loops with no baseline (a script's final "
+            '"memory used" line, a status report) is the peak of the whole run, which is what it '
+            "says, and is not reported."
         ),
         why=(
             "The peak counters are high-water marks since the process started (or since the last "
             "reset). Loading a 7B model in fp32 before casting it to bf16 peaks at 28 GB; a training "
-            "step afterwards that needs 18 GB still reports 28 GB, and so does every later reading. "
-            "Comparing two configurations measured this way compares the loading code, not the "
-            "training step."
+            "step afterwards that needs 18 GB still reports 28 GB, and so does every later step, so "
+            "a per-step log shows one flat line. Subtracting a baseline does not help: `peak - "
+            "before` is 0 whenever the region's own peak stays under the earlier one. Comparing two "
+            "configurations measured this way compares the loading code, not the training step."
         ),
         example=(
             "for step, batch in enumerate(loader):\n"
@@ -115,65 +130,95 @@ class PeakMemoryWithoutReset(Rule):
         references=("https://pytorch.org/docs/stable/generated/torch.cuda.max_memory_allocated.html",),
     )
     valid = (
-        "import torch\ntorch.cuda.reset_peak_memory_stats()\nrun()\npeak = torch.cuda.max_memory_allocated()",
+        "import torch\nbase = torch.cuda.memory_allocated()\ntorch.cuda.reset_peak_memory_stats()\nrun()\n"
+        "peak = torch.cuda.max_memory_allocated() - base",
         "import torch\nfor b in loader:\n    step(b)\n    log(torch.cuda.max_memory_allocated())\n"
         "    torch.cuda.reset_peak_memory_stats()",
         # a context manager: reset in __enter__, read in __exit__
         "import torch\n\nclass PeakTracker:\n    def __enter__(self):\n        torch.cuda.reset_max_memory_allocated()\n"
-        "        return self\n\n    def __exit__(self, *exc):\n        self.peak = torch.cuda.max_memory_allocated()",
+        "        self.begin = torch.cuda.memory_allocated()\n        return self\n\n    def __exit__(self, *exc):\n"
+        "        self.peak = torch.cuda.max_memory_allocated() - self.begin",
         # reset in a helper of this file called first
         "import torch\n\ndef start():\n    torch.cuda.empty_cache()\n    torch.cuda.reset_peak_memory_stats()\n\n"
-        "def measure(fn):\n    start()\n    fn()\n    return torch.cuda.max_memory_reserved()",
+        "def measure(fn):\n    start()\n    before = torch.cuda.memory_allocated()\n    fn()\n"
+        "    return torch.cuda.max_memory_reserved() - before",
+        # the whole run's peak, printed once at the end of a script
+        "import torch\nmodel = load()\ntrain(model)\nprint(f'Memory used: {torch.cuda.max_memory_allocated() / 1e9:.02f} GB')",
+        # a status report utility: current and peak since start
+        "import torch\n\ndef report_memory(name):\n    mb = 1024 * 1024\n"
+        "    print(name, torch.cuda.memory_allocated() / mb, torch.cuda.max_memory_allocated() / mb)",
         # not torch's function
-        "from mylib import max_memory_allocated\nx = max_memory_allocated()",
-        # current, not peak
-        "import torch\nx = torch.cuda.memory_allocated()",
-        # reset through a device module variable
-        "import torch\ndev = getattr(torch, 'cuda')\ndev.reset_peak_memory_stats()\nx = torch.cuda.max_memory_allocated()",
+        "from mylib import max_memory_allocated\nfor b in loader:\n    step(b)\n    x = max_memory_allocated()",
         # reset in the enclosing function of a nested reporter
         "import torch\n\ndef bench(fn):\n    torch.cuda.reset_peak_memory_stats()\n    def report():\n"
-        "        return torch.cuda.max_memory_allocated()\n    fn()\n    return report()",
+        "        return torch.cuda.max_memory_allocated() - base\n    fn()\n    return report()",
     )
     invalid = (
-        Invalid(
-            "import torch\nmodel = load()\ntrain(model)\nprint(torch.cuda.max_memory_allocated() / 1e9)",
-            line=4,
-        ),
         Invalid(
             "import torch\nfor step, batch in enumerate(loader):\n    train_step(batch)\n"
             "    peak = torch.cuda.max_memory_allocated()\n",
             line=4,
         ),
-        Invalid("from torch.cuda import max_memory_reserved\nx = max_memory_reserved()", line=2),
         Invalid(
-            "import torch\n\ndef report_memory(name):\n    mb = 1024 * 1024\n"
-            "    s = f'{name} max allocated: {torch.cuda.max_memory_allocated() / mb}'\n    print(s)",
+            "import torch\nbefore = torch.cuda.memory_allocated()\nrun()\n"
+            "used = torch.cuda.max_memory_allocated() - before",
+            line=4,
+        ),
+        Invalid(
+            "from torch.cuda import max_memory_reserved\nresults = {}\nfor cfg in configs:\n    run(cfg)\n"
+            "    results[cfg] = max_memory_reserved()",
             line=5,
         ),
-        # a reset that comes after the reading in straight-line code
         Invalid(
-            "import torch\nrun()\npeak = torch.cuda.max_memory_allocated()\ntorch.cuda.reset_peak_memory_stats()",
-            line=3,
+            "import torch\n\ndef measure(fn):\n    start = torch.cuda.memory_allocated()\n    fn()\n"
+            "    peak = torch.cuda.max_memory_allocated()\n    return peak - start",
+            line=6,
         ),
-        Invalid("import torch as T\nrun()\nx = T.cuda.memory.max_memory_allocated(0)", line=3),
+        # a reset that only comes after the loop
+        Invalid(
+            "import torch\nfor b in loader:\n    step(b)\n    log(torch.cuda.max_memory_allocated())\n"
+            "torch.cuda.reset_peak_memory_stats()",
+            line=4,
+        ),
+        Invalid(
+            "import torch as T\nwhile running:\n    model(next(it)).sum().backward()\n"
+            "    stats.append(T.cuda.memory.max_memory_allocated(0))",
+            line=4,
+        ),
         # a reset in an unrelated function that is not called first
         Invalid(
             "import torch\n\ndef other():\n    torch.cuda.reset_peak_memory_stats()\n\n"
-            "def measure():\n    run()\n    return torch.cuda.max_memory_allocated()",
-            line=8,
+            "def measure(fn):\n    base = torch.cuda.max_memory_allocated()\n    fn()\n"
+            "    return torch.cuda.max_memory_allocated() - base",
+            line=9,
         ),
     )
 
     def check(self, model: FileModel) -> Iterator[Diagnostic]:
         for site in model.calls_to(*PEAK_READINGS):
-            if self._reset_before(model, site):
+            how = self._measures_region(model, site)
+            if how is None or self._reset_before(model, site):
                 continue
             yield Diagnostic(
                 site.node,
-                f"`{model.code(site.node.func)}()` is a high-water mark since the process started or the "  # type: ignore[attr-defined]
-                "last reset, and nothing resets it here; call `torch.cuda.reset_peak_memory_stats()` "
-                "before the code you measure.",
+                f"`{model.code(site.node.func)}()` {how}, but it is a high-water mark since the process "  # type: ignore[attr-defined]
+                "started or the last reset; call `torch.cuda.reset_peak_memory_stats()` before the "
+                "code you measure.",
             )
+
+    @staticmethod
+    def _measures_region(model: FileModel, site: Site) -> str | None:
+        """Why this reading is meant for part of the program, or None for a whole-run figure."""
+        loop = innermost_loop(site)
+        if loop is not None and any(
+            s is not site and s.node is not site.parent and in_same_frame(s, loop)
+            for s in model.calls_in(site.scope)
+        ):
+            return "is read on every iteration of a loop"
+        for minuend, subtrahend in _subtractions(model, site.scope):
+            if _is_reading(model, minuend, site) and _is_reading(model, subtrahend, None):
+                return "has a baseline subtracted from it"
+        return None
 
     @staticmethod
     def _is_reset(site: Site) -> bool:
@@ -200,6 +245,37 @@ class PeakMemoryWithoutReset(Rule):
                 if site.scope.enclosing_class is cls and self._is_reset(site):
                     return True
         return False
+
+
+def in_same_frame(site: Site, loop: Frame) -> bool:
+    return any(f.node is loop.node and f.branch == loop.branch for f in site.frames)
+
+
+def _subtractions(model: FileModel, scope: Scope) -> Iterator[tuple[cst.CSTNode, cst.CSTNode]]:
+    for node in walk_scope(scope.node):
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Subtract):
+            yield node.left, node.right
+
+
+def _is_reading(model: FileModel, expr: cst.CSTNode, site: Site | None) -> bool:
+    """``expr`` is the memory reading ``site`` (or any memory reading when ``site`` is None), directly,
+    divided by a unit, or through a name or ``self.x`` bound to it."""
+    while isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Divide):
+        expr = expr.left
+    if isinstance(expr, cst.Call):
+        if site is not None:
+            return expr is site.node
+        return any(s.node is expr for s in model.calls_to(*MEMORY_READINGS))
+    key = dotted(expr)
+    if key is None:
+        return False
+    for assign in model.assigns:
+        node = assign.node
+        if not isinstance(node, cst.Assign) or not any(dotted(t.target) == key for t in node.targets):
+            continue
+        if _is_reading(model, node.value, site):
+            return True
+    return False
 
 
 # -- TL402 -----------------------------------------------------------------------------------------------
@@ -262,6 +338,10 @@ class CudaTimingWithoutSync(Rule):
         # the rolling timer of a loop that logs loss.item() every iteration
         "import time\nmodel.cuda()\nt0 = time.time()\nfor x in loader:\n    loss = model(x)\n    loss.backward()\n"
         "    opt.step()\n    t1 = time.time()\n    dt = t1 - t0\n    t0 = t1\n    print(loss.item(), dt)",
+        # a timer around a whole run: the work is in data loops inside the interval
+        "import time\nmodel.cuda()\nstart = time.time()\nfor epoch in range(args.epochs):\n"
+        "    for x in loader:\n        model(x).backward()\n        opt.step()\n"
+        "print(f'trained in {time.time() - start:.0f}s')",
         # not time's clock
         "from mytimer import time\nmodel.cuda()\nt0 = time()\nloss = model(x)\nloss.backward()\ndt = time() - t0",
     )
@@ -311,9 +391,11 @@ class CudaTimingWithoutSync(Rule):
             scope = close.scope
             calls = [s for s in _calls_in_order(model, scope) if start.order < s.order < close.order]
             work = [
-                e for e in training.events_in(scope, *TRAINING_WORK) if start.order < e.order < close.order
+                e.site
+                for e in training.events_in(scope, *TRAINING_WORK)
+                if start.order < e.order < close.order
             ] or [s for s in calls if self._model_call(model, s)]
-            if not work:
+            if not work or not any(self._bounded(w, start, close) for w in work):
                 continue
             if any(self._waits(model, s) for s in calls):
                 continue
@@ -331,6 +413,24 @@ class CudaTimingWithoutSync(Rule):
                 "`torch.cuda.synchronize()` before reading the clock.",
                 related=((start.node, "the interval starts here"),),
             )
+
+    @staticmethod
+    def _bounded(work: Site, start: Site, close: Site) -> bool:
+        """Whether the interval times a bounded piece of work, where the unmeasured tail of queued
+        kernels is a large part: straight-line work, one iteration of the loop that also holds the
+        closing read, or a benchmark loop over ``range(<literal>)``. A timer around a whole training
+        run (the work in a data loop inside the interval) misses at most its last kernels."""
+        closing_loops = {id(f.node) for f in close.frames if f.kind == "loop"}
+        for frame in work.frames:
+            if frame.kind != "loop" or id(frame.node) in closing_loops:
+                continue
+            node = frame.node
+            if isinstance(node, cst.For) and isinstance(node.iter, cst.Call):
+                args = positional(node.iter)
+                if dotted(node.iter.func) == "range" and len(args) == 1 and isinstance(args[0], cst.Integer):
+                    continue
+            return False
+        return True
 
     @staticmethod
     def _intervals(model: FileModel, clocks: list[Site]) -> Iterator[tuple[Site, Site]]:
@@ -595,6 +695,12 @@ class MemoryBeforeFirstStep(Rule):
         # the optimizer is handed to a function that trains
         "import torch\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\ntrain(model, opt, loader)\n"
         "print(torch.cuda.max_memory_allocated())",
+        # ... or to a trainer inside a tuple, or through a state dict
+        "import torch\nopt = torch.optim.AdamW(model.parameters())\n"
+        "trainer = Trainer(model=model, optimizers=(opt, None))\ntrainer.train()\n"
+        "print(torch.cuda.max_memory_allocated())",
+        "import torch\nopt = torch.optim.AdamW(model.parameters())\nstate = {'model': model, 'optimizer': opt}\n"
+        "fit(fabric, state)\nprint(torch.cuda.memory_allocated())",
         # no optimizer in this scope
         "import torch\nmodel = Net().cuda()\nprint(torch.cuda.memory_allocated())",
         # a step before the reading in straight-line code
@@ -659,18 +765,30 @@ class MemoryBeforeFirstStep(Rule):
 
     @staticmethod
     def _handed_over(model: FileModel, scope: Scope, names: set[str], start: int, end: int) -> bool:
+        """The optimizer escapes between its construction and the reading: passed to a call (other than
+        a wrapper such as ``accelerator.prepare``), even inside a tuple or dict (``Trainer(optimizers=
+        (optimizer, None))``), or put in a container (``state = {"optimizer": optimizer}``). Whatever
+        receives it may step it."""
+
+        def mentions(expr: cst.CSTNode) -> bool:
+            return any(isinstance(n, cst.Name) and n.value in names for n in walk(expr))
+
         for call_site in model.calls_in(scope):
-            if not start < call_site.order < end:
-                continue
             call = call_site.node
             assert isinstance(call, cst.Call)
-            if attr_name(call) in OPTIMIZER_WRAPPERS:
+            if not start < call_site.order < end or attr_name(call) in OPTIMIZER_WRAPPERS:
                 continue
-            for arg in call.args:
-                if isinstance(arg.value, cst.Name) and arg.value.value in names:
-                    return True
-            recv = receiver(call)
-            if isinstance(recv, cst.Name) and recv.value in names:
+            if any(mentions(arg.value) for arg in call.args):
+                return True
+        for assign in model.assigns:
+            node = assign.node
+            if (
+                assign.scope is not scope
+                or not start < assign.order < end
+                or not isinstance(node, cst.Assign)
+            ):
+                continue
+            if isinstance(node.value, cst.Dict | cst.Tuple | cst.List | cst.Set) and mentions(node.value):
                 return True
         return False
 
@@ -688,9 +806,13 @@ class MaterializedAttentionScores(Rule):
         what=(
             "Reports the score product `q @ k.transpose(-2, -1)` (or `torch.matmul(q, k.transpose(...))`, "
             "`k.mT`) of attention written out by hand, when the scores go through a softmax whose result "
-            "multiplies the values, inside a method of a module class. Not reported when the same "
-            "class also calls `scaled_dot_product_attention` (a fallback path), nor in functions "
-            "decorated with `torch.no_grad()` / `torch.inference_mode()`."
+            "multiplies the values, inside a method of a module class, and every step in between is "
+            "one the fused kernel also performs (scaling, an additive bias or mask, `masked_fill`, "
+            "dtype casts, dropout). Not reported when the file calls `scaled_dot_product_attention` "
+            "anywhere (the hand-written path is then a fallback or a deliberate variant), for "
+            "variants the kernel cannot express (talking-heads projections across heads, "
+            "probabilities re-weighted after the softmax), nor in functions decorated with "
+            "`torch.no_grad()` / `torch.inference_mode()`."
         ),
         why=(
             "Autograd keeps the softmax output (and usually the scores and the dropout mask) for the "
@@ -729,6 +851,23 @@ class MaterializedAttentionScores(Rule):
         # softmax over a projection, not over q @ k^T
         _HEAD
         + "    def forward(self, x, v):\n        w = F.softmax(self.proj(x), dim=-1)\n        return w @ v",
+        # talking-heads attention mixes the heads before and after the softmax: no fused equivalent
+        _HEAD + "    def forward(self, q, k, v):\n        attn = q @ k.transpose(-2, -1)\n"
+        "        attn = self.proj_l(attn.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)\n        attn = attn.softmax(dim=-1)\n"
+        "        attn = self.proj_w(attn.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)\n        return attn @ v",
+        # the probabilities are re-weighted after the softmax (gated positional attention)
+        _HEAD
+        + "    def forward(self, q, k, v, pos):\n        patch = (q @ k.transpose(-2, -1)).softmax(dim=-1)\n"
+        "        gate = self.gating.sigmoid()\n        attn = (1.0 - gate) * patch + gate * pos\n"
+        "        attn /= attn.sum(dim=-1, keepdim=True)\n        return attn @ v",
+        # another module of the file uses the fused kernel: this variant is deliberate
+        _HEAD
+        + "    def forward(self, q, k, v):\n        a = F.softmax(q @ k.transpose(-2, -1), dim=-1)\n        return a @ v\n\n"
+        "class Fast(nn.Module):\n    def forward(self, q, k, v):\n        return F.scaled_dot_product_attention(q, k, v)",
+        # class-token attention: one query, scores linear in the length
+        _HEAD
+        + "    def forward(self, x):\n        q = self.wq(x[:, 0:1, ...])\n        k, v = self.wk(x), self.wv(x)\n"
+        "        attn = (q @ k.transpose(-2, -1)).softmax(dim=-1)\n        return attn @ v",
         # a free function outside any module class (a reference implementation in a test)
         "import torch\n\ndef reference_attention(q, k, v):\n"
         "    return torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v",
@@ -781,9 +920,11 @@ class MaterializedAttentionScores(Rule):
                 continue
             statements = _statement_index(function)
             products = [n for n in walk_scope(function) if self._score_product(model, n, scope) is not None]
-            if not products or self._class_uses_sdpa(model, cls):
+            if not products or self._file_uses_sdpa(model):
                 continue
             for product in products:
+                if self._single_query(model, product, scope):
+                    continue
                 if self._softmax_then_values(model, scope, function, statements, product):
                     yield Diagnostic(
                         product,
@@ -791,6 +932,30 @@ class MaterializedAttentionScores(Rule):
                         "for backward (memory grows with the square of the length); use "
                         "`torch.nn.functional.scaled_dot_product_attention`.",
                     )
+
+    @staticmethod
+    def _single_query(model: FileModel, product: cst.CSTNode, scope: Scope) -> bool:
+        """The queries are one token (``self.wq(x[:, 0:1])``, a class-token attention): the scores
+        grow linearly with the length, there is no square matrix to save."""
+        if isinstance(product, cst.BinaryOperation):
+            query = product.left
+        elif isinstance(product, cst.Call) and product.args:
+            query = product.args[0].value
+        else:
+            return False
+        values = model.values_of(query, scope) if isinstance(query, cst.Name) else [query]
+        for value in values:
+            for node in walk(value):
+                if isinstance(node, cst.Subscript):
+                    for element in node.slice:
+                        inner = element.slice
+                        if (
+                            isinstance(inner, cst.Slice)
+                            and (inner.lower is None or _int(inner.lower) == 0)
+                            and _int(inner.upper) == 1
+                        ):
+                            return True
+        return False
 
     @staticmethod
     def _score_product(
@@ -830,8 +995,10 @@ class MaterializedAttentionScores(Rule):
         return False
 
     @staticmethod
-    def _class_uses_sdpa(model: FileModel, cls: Scope) -> bool:
-        return any(s.scope.enclosing_class is cls and model.callee(s) in SDPA for s in model.calls)
+    def _file_uses_sdpa(model: FileModel) -> bool:
+        """The file calls the fused kernel somewhere: attention written by hand elsewhere in it is a
+        deliberate fallback or a variant the kernel cannot express."""
+        return bool(model.calls_to(*SDPA))
 
     def _softmax_then_values(
         self,
@@ -841,22 +1008,50 @@ class MaterializedAttentionScores(Rule):
         statements: dict[int, int],
         product: cst.CSTNode,
     ) -> bool:
-        """The scores reach a softmax whose result is multiplied by a value matrix, in statement order."""
+        """The scores go through a softmax whose result multiplies the values, with only steps that
+        ``scaled_dot_product_attention`` can express in between: scaling, an additive bias or mask,
+        ``masked_fill``, dtype casts, dropout. Anything else (talking-heads projections across heads,
+        re-weighting the probabilities) means the fused kernel is no replacement."""
         start = statements.get(id(product), -1)
-        scores = _flows(function, statements, product, start)
-        for softmax in walk_scope(function):
-            if not isinstance(softmax, cst.Call) or not self._is_softmax(model, softmax, scope):
+        smalls = sorted(
+            (
+                (statements.get(id(small), -1), small)
+                for line in walk_scope(function)
+                if isinstance(line, cst.SimpleStatementLine)
+                for small in line.body
+            ),
+            key=lambda pair: pair[0],
+        )
+        scores: set[str] = set()
+        probs: set[str] = set()
+        softmax_roots: set[int] = set()
+        for index, small in smalls:
+            if index < start:
                 continue
-            where = statements.get(id(softmax), -1)
-            if where < start or not _mentions(softmax, product, scores):
-                continue
-            probs = _flows(function, statements, softmax, where)
-            for other in walk_scope(function):
-                if statements.get(id(other), -1) < where or other is product:
-                    continue
-                left = self._matmul_left(model, other, scope)
-                if left is not None and _mentions(left, softmax, probs):
+            for node in walk(small):
+                if isinstance(node, cst.Call) and self._is_softmax(model, node, scope):
+                    source = _softmax_input(node)
+                    if source is not None and _expressible(source, {id(product)}, scores, "scores"):
+                        softmax_roots.add(id(node))
+            for node in walk(small):
+                left = None if node is product else self._matmul_left(model, node, scope)
+                if left is not None and softmax_roots and _expressible(left, softmax_roots, probs, "probs"):
                     return True
+            value: cst.BaseExpression | None = None
+            targets: set[str] = set()
+            if isinstance(small, cst.Assign):
+                targets = {t.target.value for t in small.targets if isinstance(t.target, cst.Name)}
+                value = small.value
+            elif isinstance(small, cst.AugAssign) and isinstance(small.target, cst.Name):
+                # ``t /= x`` is ``t = t / x``
+                targets = {small.target.value}
+                operator = AUG_OPERATORS.get(type(small.operator))
+                value = cst.BinaryOperation(small.target, operator(), small.value) if operator else None
+            for names, roots, mode in ((scores, {id(product)}, "scores"), (probs, softmax_roots, "probs")):
+                if value is not None and _expressible(value, roots, names, mode):
+                    names |= targets
+                else:
+                    names -= targets
         return False
 
     @staticmethod
@@ -895,32 +1090,65 @@ def _statement_index(function: cst.FunctionDef) -> dict[int, int]:
     return index
 
 
-def _mentions(expr: cst.CSTNode, node: cst.CSTNode, names: set[str]) -> bool:
-    return any(n is node or (isinstance(n, cst.Name) and n.value in names) for n in walk(expr))
+AUG_OPERATORS = {
+    cst.AddAssign: cst.Add,
+    cst.SubtractAssign: cst.Subtract,
+    cst.MultiplyAssign: cst.Multiply,
+    cst.DivideAssign: cst.Divide,
+}
+SCORE_METHODS = frozenset(
+    {"masked_fill", "masked_fill_", "float", "to", "type_as", "half", "bfloat16", "contiguous"}
+)
+PROB_METHODS = frozenset({"float", "to", "type_as", "half", "bfloat16", "contiguous"})
+DROPOUT = frozenset({"torch.nn.functional.dropout", "torch.dropout"})
 
 
-def _flows(function: cst.FunctionDef, statements: dict[int, int], node: cst.CSTNode, start: int) -> set[str]:
-    """Names bound, from statement ``start`` on, to expressions computed from ``node`` or from names
-    already collected: ``att = ...``, ``att = att.masked_fill(...)``, ``att = self.drop(att)``."""
-    assigns = [
-        n for n in walk_scope(function) if isinstance(n, cst.Assign) and statements.get(id(n), -1) >= start
-    ]
-    out: set[str] = set()
-    for _ in range(4):
-        grew = False
-        for assign in assigns:
-            if not _mentions(assign.value, node, out):
-                continue
-            for target in assign.targets:
-                if isinstance(target.target, cst.Name) and target.target.value not in out:
-                    out.add(target.target.value)
-                    grew = True
-        if not grew:
-            break
-    return out
+def _softmax_input(call: cst.Call) -> cst.BaseExpression | None:
+    if isinstance(call.func, cst.Attribute) and call.func.attr.value == "softmax":
+        # ``x.softmax(-1)`` (a tensor method) or ``F.softmax(x, -1)`` / ``torch.softmax(x, -1)``
+        args = positional(call)
+        if dotted(call.func.value) in ("F", "torch", "nn.functional", "torch.nn.functional") and args:
+            return args[0]
+        return call.func.value
+    args = positional(call)
+    return args[0] if args else None
 
 
-def _int(expr: cst.CSTNode) -> int | None:
+def _mentions_tracked(expr: cst.CSTNode, roots: set[int], names: set[str]) -> bool:
+    return any(id(n) in roots or (isinstance(n, cst.Name) and n.value in names) for n in walk(expr))
+
+
+def _expressible(expr: cst.CSTNode, roots: set[int], names: set[str], mode: str) -> bool:
+    """``expr`` is a tracked value (a root node or a tracked name) after steps that the fused
+    attention kernel also performs (see ``_softmax_then_values``)."""
+    if id(expr) in roots or (isinstance(expr, cst.Name) and expr.value in names):
+        return True
+    # scores take a scale, a bias or a mask; probabilities only a scale (a head mask)
+    arithmetic = (
+        (cst.Add, cst.Subtract, cst.Multiply, cst.Divide) if mode == "scores" else (cst.Multiply, cst.Divide)
+    )
+    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, arithmetic):
+        left = _expressible(expr.left, roots, names, mode)
+        right = _expressible(expr.right, roots, names, mode)
+        if left != right:
+            other = expr.right if left else expr.left
+            return not _mentions_tracked(other, roots, names)
+        return False
+    if isinstance(expr, cst.Call):
+        func = expr.func
+        name = attr_name(expr) or ""
+        methods = SCORE_METHODS if mode == "scores" else PROB_METHODS
+        if isinstance(func, cst.Attribute) and name in methods:
+            return _expressible(func.value, roots, names, mode) and not any(
+                _mentions_tracked(a.value, roots, names) for a in expr.args
+            )
+        if mode == "probs" and ("drop" in name.lower() or dotted(func) in DROPOUT):
+            args = positional(expr)
+            return bool(args) and _expressible(args[0], roots, names, mode)
+    return False
+
+
+def _int(expr: cst.CSTNode | None) -> int | None:
     if isinstance(expr, cst.Integer):
         return int(expr.value)
     if (

@@ -446,3 +446,132 @@ def test_no_padding_evidence(code: str) -> None:
 def test_evidence_is_built_once_per_file_model() -> None:
     model = _model("x = batch['attention_mask']")
     assert token_evidence(model) is token_evidence(model)
+
+
+# -- TL302 ----------------------------------------------------------------------------------------------
+
+
+def tl302(code: str):
+    return lint_source(textwrap.dedent(code), "snippet.py", ["TL302"])
+
+
+def test_tl302_reports_the_running_total_and_points_at_the_backward() -> None:
+    (finding,) = tl302(
+        """
+        total_loss = 0.0
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+            total_loss += loss
+        """
+    )
+    assert finding.line == 7
+    assert "`total_loss += loss`" in finding.message and "loss.item()" in finding.message
+    assert [r.line for r in finding.related] == [5]
+
+
+def test_tl302_detached_forms_are_not_reported() -> None:
+    base = """
+        total = 0.0
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward()
+            total += {}
+        """
+    for added in (
+        "loss.item()",
+        "loss.detach()",
+        "float(loss)",
+        "loss.detach().cpu()",
+        "loss.data",
+        "loss.tolist()",
+    ):
+        assert tl302(base.format(added)) == [], added
+    # and the plain tensor is reported, so the loop above can fail
+    assert len(tl302(base.format("loss"))) == 1
+
+
+def test_tl302_total_backpropagated_later_is_not_reported() -> None:
+    code = """
+        losses = []
+        for task in tasks:
+            loss = task.loss(model(batch))
+            loss.backward(retain_graph=True)
+            losses.append(loss)
+        total = torch.stack(losses).sum()
+        total.backward()
+        """
+    assert tl302(code) == []
+
+
+def test_tl302_loss_only_in_an_eval_loop_is_not_reported() -> None:
+    code = """
+        import torch
+        val_loss = 0
+        model.eval()
+        for x, y in val_loader:
+            loss = criterion(model(x), y)
+            val_loss += loss
+        """
+    assert tl302(code) == []
+
+
+# -- TL303 ----------------------------------------------------------------------------------------------
+
+
+def tl303(code: str):
+    return lint_source(textwrap.dedent(code), "snippet.py", ["TL303"])
+
+
+def test_tl303_reports_zero_grad_with_the_conditional_step_as_related() -> None:
+    (finding,) = tl303(
+        """
+        for i, (x, y) in enumerate(loader):
+            optimizer.zero_grad()
+            loss = criterion(model(x), y) / accum_steps
+            loss.backward()
+            if (i + 1) % accum_steps == 0:
+                optimizer.step()
+        """
+    )
+    assert finding.line == 3
+    assert finding.severity.value == "error"
+    assert "`optimizer.zero_grad()`" in finding.message and "line 7" in finding.message
+    assert [r.line for r in finding.related] == [7]
+
+
+def test_tl303_moving_zero_grad_under_the_condition_fixes_it() -> None:
+    code = """
+        for i, (x, y) in enumerate(loader):
+            loss = criterion(model(x), y) / accum_steps
+            loss.backward()
+            if (i + 1) % accum_steps == 0:
+                optimizer.step()
+            optimizer.zero_grad()
+        """
+    assert [f.line for f in tl303(code)] == [7]
+    fixed = code.replace("\n            optimizer.zero_grad()", "\n                optimizer.zero_grad()")
+    assert tl303(fixed) == []
+
+
+def test_tl303_gan_with_two_optimizers_is_not_reported() -> None:
+    code = """
+        for i, real in enumerate(loader):
+            opt_d.zero_grad()
+            d_loss(real).backward()
+            opt_d.step()
+            opt_g.zero_grad()
+            if i % n_critic == 0:
+                g_loss().backward()
+                opt_g.step()
+        """
+    # opt_g's zero_grad runs every iteration, but its backward only runs with its step
+    assert tl303(code) == []
+
+
+def test_tl302_tl303_documentation_has_numbers() -> None:
+    tl302_doc = registry().get("TL302").explain()  # type: ignore[union-attr]
+    assert "200 MB" in tl302_doc and "20 GB" in tl302_doc
+    tl303_doc = registry().get("TL303").explain()  # type: ignore[union-attr]
+    assert "4 examples instead of 32" in tl303_doc

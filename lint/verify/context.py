@@ -1,0 +1,84 @@
+"""What a probe gets: the finding, the file model, and helpers to make edited variants of the file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from trainlint.model import FileModel
+from trainlint.rule import Finding
+from trainlint.verify.source import NotExecutable, Tree, node_span
+
+
+@dataclass(frozen=True)
+class TextEdit:
+    """Replace text between two 1-based positions (end exclusive). Insertions at one position are
+    applied in the order given."""
+
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+    content: str
+
+
+def apply_text_edits(text: str, edits: list[TextEdit]) -> str:
+    starts = [0]
+    for line in text.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+
+    def offset(line: int, column: int) -> int:
+        return starts[line - 1] + column - 1
+
+    spans = [
+        (offset(e.line, e.column), offset(e.end_line, e.end_column), i, e.content)
+        for i, e in enumerate(edits)
+    ]
+    # apply from the end; for equal positions the later-given insertion goes first so that the
+    # earlier one ends up in front of it
+    for start, end, _, content in sorted(spans, key=lambda s: (s[0], s[1], s[2]), reverse=True):
+        text = text[:start] + content + text[end:]
+    return text
+
+
+def insert_before(model: FileModel, node: cst.CSTNode, content: str) -> TextEdit:
+    line, col, _, _ = node_span(model, node)
+    return TextEdit(line, col, line, col, content)
+
+
+def insert_after(model: FileModel, node: cst.CSTNode, content: str) -> TextEdit:
+    _, _, line, col = node_span(model, node)
+    return TextEdit(line, col, line, col, content)
+
+
+def replace_node(model: FileModel, node: cst.CSTNode, content: str) -> TextEdit:
+    return TextEdit(*node_span(model, node), content)
+
+
+@dataclass
+class ProbeContext:
+    finding: Finding
+    model: FileModel
+    tree: Tree
+    _variants: dict[str, FileModel] = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        return self.model.source
+
+    def variant(self, edits: list[TextEdit]) -> FileModel:
+        """The file model of the source with ``edits`` applied (cached by resulting text)."""
+        new_text = apply_text_edits(self.text, edits)
+        if new_text not in self._variants:
+            try:
+                self._variants[new_text] = FileModel.from_source(new_text, self.model.path)
+            except cst.ParserSyntaxError as exc:
+                raise NotExecutable(f"the edited snippet does not parse: {exc.message}") from exc
+        return self._variants[new_text]
+
+    def fix_edits(self) -> list[TextEdit]:
+        fix = self.finding.fix
+        if fix is None:
+            return []
+        return [TextEdit(e.line, e.column, e.end_line, e.end_column, e.content) for e in fix.edits]

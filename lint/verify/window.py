@@ -1,0 +1,234 @@
+"""Step windows: runs of the user's statements cut out of a function body, and how their free names
+are bound (roles, local constants, module-level definitions, argparse defaults, or unbound)."""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from trainlint.model import FileModel, Scope, attr_name, dotted, keyword, positional, receiver, walk
+from trainlint.verify.context import TextEdit
+from trainlint.verify.source import Carry, NotExecutable, Tree, analyse_names, is_literal
+
+
+@dataclass(frozen=True)
+class Region:
+    """Whole source lines ``start``..``end`` (1-based, inclusive) holding consecutive statements."""
+
+    start: int
+    end: int
+
+
+def statements_region(model: FileModel, first: cst.CSTNode, last: cst.CSTNode) -> Region:
+    return Region(model.position(first).start.line, model.position(last).end.line)
+
+
+def region_text(source: str, region: Region, edits: list[TextEdit] = ()) -> str:  # type: ignore[assignment]
+    """The region's lines with the edits that fall inside it applied, dedented."""
+    from trainlint.verify.context import apply_text_edits
+
+    lines = source.splitlines(keepends=True)[region.start - 1 : region.end]
+    text = "".join(lines)
+    if not text.endswith("\n"):
+        text += "\n"
+    inside = [
+        TextEdit(e.line - region.start + 1, e.column, e.end_line - region.start + 1, e.end_column, e.content)
+        for e in edits
+        if region.start <= e.line and e.end_line <= region.end
+    ]
+    if inside:
+        text = apply_text_edits(text, inside)
+    return textwrap.dedent(text)
+
+
+def window_code(source: str, regions: list[Region], edits: list[TextEdit] = ()) -> str:  # type: ignore[assignment]
+    code = "".join(region_text(source, r, list(edits)) for r in regions)
+    try:
+        cst.parse_module(code)
+    except cst.ParserSyntaxError as exc:
+        raise NotExecutable(f"the step window cannot be cut out of the function: {exc.message}") from exc
+    return code
+
+
+def step_window(tree: Tree, start: cst.CSTNode, clip_like: cst.CSTNode, end: cst.CSTNode) -> list[Region]:
+    """Regions for: the statement holding ``start`` (a backward), then the statements of the block
+    that holds ``clip_like`` from it through the statement holding ``end`` (and a directly following
+    ``*.update()`` statement). When ``start`` is in that same block, one region from it."""
+    model = tree.model
+    body, i_clip, i_end = tree.common_block(clip_like, end)
+    last = i_end
+    if last + 1 < len(body) and _is_update_statement(body[last + 1]):
+        last += 1
+    start_stmt = tree.statement_of(start)
+    ids = [id(s) for s in body]
+    if id(start_stmt) in ids and ids.index(id(start_stmt)) <= i_clip:
+        return [statements_region(model, start_stmt, body[last])]
+    # the backward sits in an inner loop or branch (micro-steps): its statement alone, once per step
+    return [
+        statements_region(model, start_stmt, start_stmt),
+        statements_region(model, body[i_clip], body[last]),
+    ]
+
+
+def _is_update_statement(stmt: cst.CSTNode) -> bool:
+    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
+        expr = stmt.body[0]
+        if isinstance(expr, cst.Expr) and isinstance(expr.value, cst.Call):
+            return attr_name(expr.value) == "update"
+    return False
+
+
+# --------------------------------------------------------------------------------------------------
+# binding free names
+
+
+def argparse_defaults(model: FileModel) -> dict[str, str]:
+    """``dest -> default source`` for ``add_argument("--max-norm", default=1.0)`` calls with literal
+    defaults anywhere in the file."""
+    out: dict[str, str] = {}
+    for site in model.calls:
+        call = site.node
+        assert isinstance(call, cst.Call)
+        if attr_name(call) != "add_argument":
+            continue
+        flags = [a.value for a in call.args if a.keyword is None and isinstance(a.value, cst.SimpleString)]
+        dest_kw = keyword(call, "dest")
+        default = keyword(call, "default")
+        action = keyword(call, "action")
+        value = None
+        if default is not None and is_literal(default.value):
+            value = model.code(default.value)
+        elif action is not None and isinstance(action.value, cst.SimpleString):
+            kind = action.value.evaluated_value
+            value = {"store_true": "False", "store_false": "True"}.get(str(kind))
+        if value is None:
+            continue
+        names = []
+        if dest_kw is not None and isinstance(dest_kw.value, cst.SimpleString):
+            names.append(str(dest_kw.value.evaluated_value))
+        else:
+            long = [str(f.evaluated_value) for f in flags if str(f.evaluated_value).startswith("--")]
+            short = [str(f.evaluated_value) for f in flags]
+            chosen = long[0] if long else (short[0] if short else "")
+            names.append(chosen.lstrip("-").replace("-", "_"))
+        for name in names:
+            if name:
+                out[name] = value
+    return out
+
+
+@dataclass
+class Binder:
+    """Chooses a binding for each free name of a window, in order: roles given by the probe, a
+    single safe local value in the function, a module-level definition, an argparse-backed
+    ``args`` object; anything else stays unbound (and is reported if the window uses it)."""
+
+    model: FileModel
+    scope: Scope
+    roles: dict[str, str] = field(default_factory=dict)  # dotted name -> expression text
+    carry: Carry | None = None
+    lines: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    unbound: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.carry is None:
+            self.carry = Carry(self.model)
+
+    def local_value(self, name: str) -> str | None:
+        values = self.model.values_of(cst.Name(name), self.scope) if self.scope.kind != "module" else []
+        binding = self.model.lookup(name, self.scope)
+        if binding is not None and binding.kind == "param" and isinstance(binding.node, cst.Param):
+            default = binding.node.default
+            if default is not None and is_literal(default):
+                return self.model.code(default)
+        if len(values) == 1 and self.carry is not None and self.carry.safe_value(values[0]):
+            if all(self._bindable(n) for n in analyse_names(f"_ = {self.model.code(values[0])}\n").free):
+                return self.model.code(values[0])
+        return None
+
+    def _bindable(self, name: str) -> bool:
+        return name in self.roles or self.model.module_scope.bindings.get(name) is not None
+
+    def bind(self, names: list[str], attrs: list[str]) -> None:
+        """Append set-up lines binding ``names`` (attribute chains in ``attrs`` refine objects)."""
+        heads: dict[str, list[str]] = {}
+        for role in self.roles:
+            head = role.split(".")[0]
+            heads.setdefault(head, []).append(role)
+        defaults = argparse_defaults(self.model)
+        for name in names:
+            if name in self.roles:
+                self.lines.append(f"{name} = {self.roles[name]}")
+                continue
+            if name in heads:
+                self.lines.append(f"{name} = __tl__.Config({name!r})")
+                for role in heads[name]:
+                    self.lines.append(f"{role} = {self.roles[role]}")
+                self._args_fields(name, attrs, defaults)
+                continue
+            value = self.local_value(name)
+            if value is not None:
+                for inner in analyse_names(f"_ = {value}\n").free:
+                    if inner not in self.roles:
+                        assert self.carry is not None
+                        self.carry.carry(inner)
+                self.lines.append(f"{name} = {value}")
+                continue
+            assert self.carry is not None
+            if self.carry.carry(name):
+                continue
+            if any(a.startswith(name + ".") for a in attrs) and (
+                defaults or name in ("args", "cfg", "config", "opt", "self")
+            ):
+                self.lines.append(f"{name} = __tl__.Config({name!r})")
+                self._args_fields(name, attrs, defaults)
+                continue
+            self.unbound.append(name)
+            self.lines.append(f"{name} = __tl__.Unbound({name!r})")
+
+    def _args_fields(self, name: str, attrs: list[str], defaults: dict[str, str]) -> None:
+        for attr in attrs:
+            head, _, rest = attr.partition(".")
+            if head != name or not rest or "." in rest or f"{head}.{rest}" in self.roles:
+                continue
+            if rest in defaults:
+                self.lines.append(f"{head}.{rest} = {defaults[rest]}")
+                self.notes.append(f"`{head}.{rest}` = {defaults[rest]} (argparse default)")
+
+
+def optimizer_construction(
+    model: FileModel, call: cst.Call, scope: Scope, params: str, strict: bool = False
+) -> tuple[str, str]:
+    """The user's optimizer class with its keyword hyper-parameters, over ``params``. Literal values
+    are kept; other values are kept as written when ``strict`` (their names are then bound or
+    reported), else dropped for the class default. Returns (code, description)."""
+    callee = model.qualname(call.func, scope)
+    if callee is None:
+        raise NotExecutable(f"the optimizer class `{model.code(call.func)}` cannot be resolved")
+    module, _, cls = callee.rpartition(".")
+    kwargs = []
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value not in ("params",):
+            if is_literal(arg.value) or strict:
+                kwargs.append(f"{arg.keyword.value}={model.code(arg.value)}")
+    pos = positional(call)
+    if len(pos) > 1 and (is_literal(pos[1]) or strict) and not any(k.startswith("lr=") for k in kwargs):
+        kwargs.append(f"lr={model.code(pos[1])}")
+    if not any(k.startswith("lr=") for k in kwargs) and cls in ("SGD",):
+        kwargs.append("lr=0.01")
+    code = f"__import__({module!r}, fromlist=[{cls!r}]).{cls}({params}{''.join(', ' + k for k in kwargs)})"
+    return code, f"{cls}({', '.join(kwargs)})"
+
+
+def parameters_receivers(expr: cst.CSTNode) -> list[str]:
+    """Dotted receivers of ``.parameters()`` / ``.named_parameters()`` calls inside ``expr``."""
+    out = []
+    for node in walk(expr):
+        if isinstance(node, cst.Call) and attr_name(node) in ("parameters", "named_parameters"):
+            key = dotted(receiver(node))
+            if key and key not in out:
+                out.append(key)
+    return out

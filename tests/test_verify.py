@@ -1,0 +1,1070 @@
+"""The runtime check (``--verify``): probes for TL101, TL105, TL201, TL202, TL203 and TL301.
+
+Every snippet below is linted, its findings are verified in one batch (one child process, so torch is
+imported once), and each test checks the verdict of one finding. Expected values come from the
+mechanics of the hazard (which gradients must be None, which counts must double), not from output.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from trainlint.engine import lint_source
+from trainlint.rule import Applicability, registry
+from trainlint.verify import torch_available, verify_findings
+from trainlint.verify.context import TextEdit, apply_text_edits
+from trainlint.verify.runner import run_probes
+from trainlint.verify.source import analyse_names
+from trainlint.verify.window import argparse_defaults
+
+pytestmark = pytest.mark.skipif(not torch_available(), reason="--verify needs torch")
+
+ROOT = Path(__file__).resolve().parent.parent
+PROBES = {
+    "TL101": "tl101",
+    "TL105": "tl105",
+    "TL201": "tl201",
+    "TL202": "tl202",
+    "TL203": "tl203",
+    "TL301": "tl301",
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def probes_on_rules():
+    """Name each rule's probe (the rules declare ``probe = ...`` themselves once wired)."""
+    with pytest.MonkeyPatch.context() as mp:
+        for rule_id, probe in PROBES.items():
+            rule = registry().get(rule_id)
+            if rule is not None and rule.probe is None:
+                mp.setattr(rule, "probe", probe)
+        yield
+
+
+# --------------------------------------------------------------------------------------------------
+# snippets: name -> (rule id, code)
+
+SNIPPETS: dict[str, tuple[str, str]] = {}
+
+
+def snippet(name: str, rule: str, code: str) -> None:
+    SNIPPETS[name] = (rule, textwrap.dedent(code))
+
+
+# TL201 ---------------------------------------------------------------------------------------------
+snippet(
+    "tl201_raw_features",
+    "TL201",
+    """
+    import torch.nn as nn
+    from torch.utils.checkpoint import checkpoint
+
+
+    class Encoder(nn.Module):
+        def __init__(self, dim, depth):
+            super().__init__()
+            self.blocks = nn.ModuleList([nn.Linear(dim, dim) for _ in range(depth)])
+            self.head = nn.Linear(dim, 2)
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = checkpoint(block, x)
+            return self.head(x)
+    """,
+)
+snippet(
+    "tl201_frozen_embedding_lora",
+    "TL201",
+    """
+    import torch.nn as nn
+    import torch.utils.checkpoint
+
+
+    class LoRABlock(nn.Module):
+        def __init__(self, dim):
+            super().__init__()
+            self.base = nn.Linear(dim, dim)
+            self.base.requires_grad_(False)
+            self.lora_a = nn.Linear(dim, 4, bias=False)
+            self.lora_b = nn.Linear(4, dim, bias=False)
+
+        def forward(self, x):
+            return self.base(x) + self.lora_b(self.lora_a(x))
+
+
+    class Model(nn.Module):
+        def __init__(self, vocab, dim):
+            super().__init__()
+            self.embed = nn.Embedding(vocab, dim)
+            self.embed.weight.requires_grad = False
+            self.layers = nn.ModuleList([LoRABlock(dim) for _ in range(2)])
+            self.gradient_checkpointing = False
+
+        def forward(self, input_ids, attention_mask=None):
+            hidden = self.embed(input_ids)
+            for layer in self.layers:
+                if self.gradient_checkpointing and self.training:
+                    hidden = torch.utils.checkpoint.checkpoint(layer, hidden)
+                else:
+                    hidden = layer(hidden)
+            return hidden
+    """,
+)
+snippet(
+    "tl201_pure_function",
+    "TL201",
+    """
+    import torch
+    from torch import nn
+    from torch.utils.checkpoint import checkpoint
+
+
+    def gelu_tanh(x):
+        return 0.5 * x * (1.0 + torch.tanh(0.79788456 * (x + 0.044715 * x ** 3)))
+
+
+    class MLP(nn.Module):
+        def __init__(self, dim):
+            super().__init__()
+            self.fc1 = nn.Linear(dim, 4 * dim)
+            self.fc2 = nn.Linear(4 * dim, dim)
+
+        def forward(self, x):
+            h = self.fc1(x)
+            h = checkpoint(gelu_tanh, h)
+            return self.fc2(h)
+    """,
+)
+snippet(
+    "tl201_trainable_embedding",
+    "TL201",
+    """
+    import torch.nn as nn
+    from torch.utils.checkpoint import checkpoint
+
+
+    class LM(nn.Module):
+        def __init__(self, vocab, dim, depth):
+            super().__init__()
+            self.embed = nn.Embedding(vocab, dim)
+            self.blocks = nn.ModuleList([nn.Linear(dim, dim) for _ in range(depth)])
+
+        def forward(self, input_ids):
+            x = self.embed(input_ids)
+            for block in self.blocks:
+                x = checkpoint(block, x)
+            return x
+    """,
+)
+snippet(
+    "tl201_keyword_argument",
+    "TL201",
+    """
+    from torch import nn
+    from torch.utils.checkpoint import checkpoint
+
+
+    class Block(nn.Module):
+        def __init__(self, dim):
+            super().__init__()
+            self.proj = nn.Linear(dim, dim)
+
+        def forward(self, x, scale=1.0):
+            return self.proj(x) * scale
+
+
+    class Net(nn.Module):
+        def __init__(self, dim):
+            super().__init__()
+            self.inp = nn.Linear(dim, dim)
+            self.block = Block(dim)
+
+        def forward(self, x):
+            h = self.inp(x)
+            return checkpoint(self.block, h, scale=0.5)
+    """,
+)
+snippet(
+    "tl201_method_of_self",
+    "TL201",
+    """
+    import torch
+    from torch import nn
+    from torch.utils.checkpoint import checkpoint
+
+
+    class Attention(nn.Module):
+        def __init__(self, dim):
+            super().__init__()
+            self.qkv = nn.Linear(dim, 3 * dim)
+            self.out = nn.Linear(dim, dim)
+            self.norm = nn.LayerNorm(dim)
+
+        def _attend(self, x):
+            q, k, v = self.qkv(self.norm(x)).chunk(3, dim=-1)
+            w = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
+            return self.out(w @ v)
+
+        def forward(self, x):
+            return x + checkpoint(self._attend, x)
+    """,
+)
+snippet(
+    "tl201_unbindable",
+    "TL201",
+    """
+    from torch import nn
+    from torch.utils.checkpoint import checkpoint
+
+
+    class Net(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.config = config
+            self.block = nn.Linear(config.hidden, config.hidden)
+
+        def forward(self, x):
+            x = x * self.config.embedding_multiplier
+            return checkpoint(self.block, x)
+    """,
+)
+
+# TL202 ---------------------------------------------------------------------------------------------
+snippet(
+    "tl202_sequential_on_inputs",
+    "TL202",
+    """
+    from torch.utils.checkpoint import checkpoint_sequential
+
+
+    def run_stages(stages, features):
+        return checkpoint_sequential(stages, 2, features, use_reentrant=True)
+    """,
+)
+snippet(
+    "tl202_after_trainable_layer",
+    "TL202",
+    """
+    from torch import nn
+    from torch.utils.checkpoint import checkpoint
+
+
+    class Net(nn.Module):
+        def __init__(self, dim):
+            super().__init__()
+            self.stem = nn.Linear(dim, dim)
+            self.body = nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, dim))
+
+        def forward(self, x):
+            return checkpoint(self.body, self.stem(x), use_reentrant=True)
+    """,
+)
+
+# TL203 ---------------------------------------------------------------------------------------------
+snippet(
+    "tl203_counter",
+    "TL203",
+    """
+    import torch
+    from torch import nn
+    from torch.utils.checkpoint import checkpoint
+
+
+    class Block(nn.Module):
+        def __init__(self, dim):
+            super().__init__()
+            self.fc = nn.Linear(dim, dim)
+            self.calls = 0
+
+        def inner(self, x):
+            self.calls += 1
+            return torch.relu(self.fc(x))
+
+        def forward(self, x):
+            return checkpoint(self.inner, x, use_reentrant=False)
+    """,
+)
+snippet(
+    "tl203_batchnorm",
+    "TL203",
+    """
+    from torch import nn
+    from torch.utils.checkpoint import checkpoint
+
+
+    class ConvBlock(nn.Module):
+        def __init__(self, channels):
+            super().__init__()
+            self.proj = nn.Linear(channels, channels)
+            self.bn = nn.BatchNorm1d(channels)
+
+        def body(self, x):
+            return self.bn(self.proj(x))
+
+        def forward(self, x):
+            return checkpoint(self.body, x, use_reentrant=False)
+    """,
+)
+snippet(
+    "tl203_global_step",
+    "TL203",
+    """
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    STEP = 0
+
+
+    def block(x):
+        global STEP
+        STEP = STEP + 1
+        return torch.sin(x) * 2
+
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inp = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return checkpoint(block, self.inp(x), use_reentrant=False)
+    """,
+)
+snippet(
+    "tl203_aux_losses",
+    "TL203",
+    """
+    from torch.utils.checkpoint import checkpoint
+
+
+    def run(layers, x, aux):
+        def exec_func(h):
+            for layer in layers:
+                h = layer(h)
+                aux.append(h.mean())
+            return h
+        return checkpoint(exec_func, x, use_reentrant=False)
+    """,
+)
+snippet(
+    "tl203_after_last_op",
+    "TL203",
+    """
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    TRACE = []
+
+
+    def block(x, w):
+        y = torch.tanh(x @ w)
+        TRACE.append(1)
+        return y
+
+
+    def run(x, w):
+        return checkpoint(block, x, w, use_reentrant=False)
+    """,
+)
+snippet(
+    "tl203_unbindable",
+    "TL203",
+    """
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+
+    class M(torch.nn.Module):
+        def inner(self, x):
+            self.calls += 1
+            return self.lin(x)
+
+        def forward(self, x):
+            return checkpoint(self.inner, x, use_reentrant=False)
+    """,
+)
+
+# TL101 ---------------------------------------------------------------------------------------------
+snippet(
+    "tl101_sgd",
+    "TL101",
+    """
+    import torch
+    from torch import nn
+
+
+    def train(model, loader, epochs=1):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        scaler = torch.amp.GradScaler("cuda")
+        for epoch in range(epochs):
+            for x, y in loader:
+                optimizer.zero_grad()
+                with torch.autocast("cuda", dtype=torch.float16):
+                    loss = nn.functional.mse_loss(model(x), y)
+                scaler.scale(loss).backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+                scaler.step(optimizer)
+                scaler.update()
+    """,
+)
+snippet(
+    "tl101_scaler_disabled",
+    "TL101",
+    """
+    import torch
+    from torch import nn
+
+    use_amp = False
+
+
+    def train(model, loader):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        scaler = torch.cuda.amp.GradScaler(enabled=use_amp)
+        for x, y in loader:
+            optimizer.zero_grad()
+            with torch.autocast("cuda", enabled=use_amp):
+                loss = nn.functional.mse_loss(model(x), y)
+            scaler.scale(loss).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.step(optimizer)
+            scaler.update()
+    """,
+)
+snippet(
+    "tl101_accumulation_argparse",
+    "TL101",
+    """
+    import argparse
+    import torch
+
+
+    def train(args, model, loader):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+        scaler = torch.cuda.amp.GradScaler()
+        for step, (x, y) in enumerate(loader):
+            for micro in range(4):
+                with torch.autocast("cuda", dtype=torch.float16):
+                    loss = model(x, y) / 4
+                scaler.scale(loss).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_norm)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+
+
+    if __name__ == "__main__":
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--max-norm", type=float, default=1.0)
+        train(parser.parse_args(), None, None)
+    """,
+)
+snippet(
+    "tl101_unbindable",
+    "TL101",
+    """
+    import torch
+
+
+    def train(model, loader):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        scaler = torch.amp.GradScaler()
+        for x, y in loader:
+            loss = model(x, y)
+            scaler.scale(loss).backward()
+            torch.nn.utils.clip_grad_value_(model.parameters(), clip_threshold)
+            scaler.step(optimizer)
+            scaler.update()
+    """,
+)
+
+# TL105 ---------------------------------------------------------------------------------------------
+snippet(
+    "tl105_fp16_adamw",
+    "TL105",
+    """
+    import torch
+    from torch import nn
+
+
+    def main(loader):
+        model = nn.Linear(16, 16).cuda().half()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5)
+        for x, y in loader:
+            loss = nn.functional.mse_loss(model(x.half()), y.half())
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    """,
+)
+snippet(
+    "tl105_bf16_small_updates",
+    "TL105",
+    """
+    import torch
+
+
+    def fit(model, data):
+        model = model.to(torch.bfloat16)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        for x, y in data:
+            loss = (model(x) - y).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    """,
+)
+snippet(
+    "tl105_with_scaler",
+    "TL105",
+    """
+    import torch
+
+
+    def train(model, data):
+        model.half()
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        scaler = torch.cuda.amp.GradScaler()
+        for x, y in data:
+            loss = (model(x) - y).pow(2).mean()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    """,
+)
+snippet(
+    "tl105_large_steps",
+    "TL105",
+    """
+    import torch
+
+    model = torch.nn.Linear(8, 8)
+    model = model.to(torch.bfloat16)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    """,
+)
+snippet(
+    "tl105_unbindable",
+    "TL105",
+    """
+    import torch
+
+
+    def train(model, data, hp):
+        model = model.to(dtype=torch.bfloat16)
+        opt = torch.optim.Adam(model.parameters(), lr=hp.learning_rate)
+    """,
+)
+
+# TL301 ---------------------------------------------------------------------------------------------
+snippet(
+    "tl301_cross_entropy",
+    "TL301",
+    """
+    import torch.nn.functional as F
+
+
+    def train(model, loader, optimizer, accum_steps=4):
+        for step, batch in enumerate(loader):
+            input_ids = batch["input_ids"].cuda()
+            labels = batch["labels"].cuda()
+            logits = model(input_ids)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1), ignore_index=-100)
+            loss = loss / accum_steps
+            loss.backward()
+            if (step + 1) % accum_steps == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+    """,
+)
+snippet(
+    "tl301_hf_output_loss",
+    "TL301",
+    """
+    from transformers import DataCollatorForLanguageModeling
+
+
+    def train(model, loader, optimizer, gradient_accumulation_steps=8):
+        model.train()
+        for step, batch in enumerate(loader):
+            outputs = model(**batch)
+            loss = outputs.loss
+            loss = loss / gradient_accumulation_steps
+            loss.backward()
+            if (step + 1) % gradient_accumulation_steps == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+    """,
+)
+snippet(
+    "tl301_packed_equal_tokens",
+    "TL301",
+    """
+    import torch.nn.functional as F
+
+    ACCUM = 4
+
+
+    def train(model, loader, optimizer):
+        for step, batch in enumerate(loader):
+            input_ids = batch["input_ids"]
+            labels = input_ids[:, 1:]
+            logits = model(input_ids)[:, :-1]
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=-100)
+            (loss / ACCUM).backward()
+            if (step + 1) % ACCUM == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+    """,
+)
+snippet(
+    "tl301_unbindable",
+    "TL301",
+    """
+    import torch.nn.functional as F
+
+
+    def train(model, loader, optimizer, accum):
+        for step, batch in enumerate(loader):
+            logits = model(batch["input_ids"])
+            loss = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100)
+            loss = loss * temperature_schedule(step) / accum
+            loss.backward()
+    """,
+)
+
+FIXTURES = ("fixtures/bad_gpt_amp.py", "fixtures/bad_finetune_half.py")
+
+
+@pytest.fixture(scope="module")
+def verified(probes_on_rules):
+    """name -> the snippet's findings of its rule, verified (all snippets and fixtures in one run)."""
+    sources: dict[str, str] = {}
+    findings = []
+    for name, (rule, code) in SNIPPETS.items():
+        path = f"{name}.py"
+        sources[path] = code
+        findings.extend(lint_source(code, path, [rule]))
+    for fixture in FIXTURES:
+        text = (ROOT / fixture).read_text(encoding="utf-8")
+        sources[fixture] = text
+        findings.extend(lint_source(text, fixture, list(PROBES)))
+    out = verify_findings(findings, sources, device="cpu", timeout=60)
+    by_name: dict[str, list] = {}
+    for finding in out:
+        by_name.setdefault(
+            finding.path.removesuffix(".py") if finding.path.startswith("tl") else finding.path, []
+        ).append(finding)
+    return by_name
+
+
+def line_of(name: str, text: str) -> int:
+    """The 1-based line of the snippet that contains ``text``."""
+    lines = SNIPPETS[name][1].splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line)
+
+
+def one(verified, name):
+    found = verified.get(name, [])
+    assert len(found) == 1, f"{name}: expected one finding, got {[f.rule for f in found]}"
+    assert found[0].verify is not None
+    return found[0]
+
+
+def test_every_snippet_is_reported_by_its_rule(verified):
+    for name, (rule, _) in SNIPPETS.items():
+        assert [f.rule for f in verified.get(name, [])] == [rule], name
+
+
+def test_verify_object_shape(verified):
+    finding = one(verified, "tl201_raw_features")
+    data = json.loads(json.dumps(finding.to_json()))["verify"]
+    assert set(data) == {"status", "device", "torch", "detail", "evidence"}
+    assert data["device"] == "cpu"
+    assert data["torch"][0].isdigit()
+    for key in ("as_written_vs_reference", "fixed_vs_reference"):
+        assert set(data["evidence"][key]) == {"max_abs", "max_rel"}
+    assert data["evidence"]["tolerance"]["rtol"] > 0
+
+
+# TL201 / TL202 ---------------------------------------------------------------------------------------
+
+
+def test_tl201_input_without_grad_is_confirmed_with_the_none_gradients(verified):
+    finding = one(verified, "tl201_raw_features")
+    v = finding.verify
+    assert v["status"] == "confirmed"
+    # both checkpointed Linear layers lose their gradients; the head after them keeps its own
+    assert sorted(v["evidence"]["none_gradients"]) == [
+        "blocks.0.bias",
+        "blocks.0.weight",
+        "blocks.1.bias",
+        "blocks.1.weight",
+    ]
+    assert "blocks.0.weight" in v["detail"]
+    assert v["evidence"]["as_written_vs_reference"]["max_rel"] == 1.0  # a missing gradient counts as zero
+    assert v["evidence"]["fixed_vs_reference"]["max_rel"] == 0.0
+    assert finding.fix.applicability is Applicability.VERIFIED
+
+
+def test_tl201_frozen_embedding_lora_is_confirmed(verified):
+    v = one(verified, "tl201_frozen_embedding_lora").verify
+    assert v["status"] == "confirmed"
+    # the frozen base weights have no gradient anyway: only the adapters are missing theirs
+    assert sorted(v["evidence"]["none_gradients"]) == [
+        "layers.0.lora_a.weight",
+        "layers.0.lora_b.weight",
+        "layers.1.lora_a.weight",
+        "layers.1.lora_b.weight",
+    ]
+    assert "`self.gradient_checkpointing` set to True" in v["detail"]
+
+
+def test_tl201_pure_function_is_not_reproduced(verified):
+    finding = one(verified, "tl201_pure_function")
+    assert finding.verify["status"] == "not-reproduced"
+    assert finding.verify["evidence"]["as_written_vs_reference"]["max_rel"] == 0.0
+    assert finding.verify["evidence"]["gradients_compared"] == 4  # fc1 and fc2, weight and bias
+
+
+def test_tl201_input_from_trainable_embedding_is_not_reproduced(verified):
+    assert one(verified, "tl201_trainable_embedding").verify["status"] == "not-reproduced"
+
+
+def test_tl201_keyword_argument_raises_under_reentrant(verified):
+    finding = one(verified, "tl201_keyword_argument")
+    v = finding.verify
+    assert v["status"] == "confirmed"
+    assert "Unexpected keyword arguments: scale" in v["detail"]
+    assert v["evidence"]["fixed_vs_reference"]["max_rel"] == 0.0
+    assert finding.fix.applicability is Applicability.VERIFIED
+
+
+def test_tl201_checkpointed_method_uses_the_users_layers(verified):
+    v = one(verified, "tl201_method_of_self").verify
+    assert v["status"] == "confirmed"
+    assert set(v["evidence"]["none_gradients"]) == {
+        "qkv.weight",
+        "qkv.bias",
+        "out.weight",
+        "out.bias",
+        "norm.weight",
+        "norm.bias",
+    }
+
+
+def test_tl201_unbindable_name_is_not_executable_naming_it(verified):
+    finding = one(verified, "tl201_unbindable")
+    assert finding.verify["status"] == "not-executable"
+    assert "config.embedding_multiplier" in finding.verify["detail"]
+    assert finding.fix.applicability is Applicability.UNSAFE
+
+
+def test_tl202_checkpoint_sequential_on_inputs_is_confirmed(verified):
+    v = one(verified, "tl202_sequential_on_inputs").verify
+    assert v["status"] == "confirmed"
+    # the first segment is checkpointed on an input that does not require grad
+    assert sorted(v["evidence"]["none_gradients"]) == ["stages.0.proj.bias", "stages.0.proj.weight"]
+    assert v["evidence"]["fixed_vs_reference"]["max_rel"] == 0.0
+
+
+def test_tl202_input_that_requires_grad_is_not_reproduced(verified):
+    assert one(verified, "tl202_after_trainable_layer").verify["status"] == "not-reproduced"
+
+
+# TL203 -----------------------------------------------------------------------------------------------
+
+
+def test_tl203_counter_runs_twice(verified):
+    v = one(verified, "tl203_counter").verify
+    assert v["status"] == "confirmed"
+    line = line_of("tl203_counter", "self.calls += 1")
+    assert v["evidence"]["executions"] == {f"the statement on line {line}": {"checkpointed": 2, "plain": 1}}
+    assert "self.calls" in v["detail"]
+
+
+def test_tl203_batchnorm_running_statistics_update_again(verified):
+    v = one(verified, "tl203_batchnorm").verify
+    assert v["status"] == "confirmed"
+    assert any("running_mean" in name for name in v["evidence"]["state_differs"])
+
+
+def test_tl203_global_counter(verified):
+    v = one(verified, "tl203_global_step").verify
+    assert v["status"] == "confirmed"
+    assert v["evidence"]["globals"] == {"STEP": {"checkpointed": 2.0, "plain": 1.0}}
+
+
+def test_tl203_outer_list_grows_again(verified):
+    v = one(verified, "tl203_aux_losses").verify
+    assert v["status"] == "confirmed"
+    counts = v["evidence"]["executions"][f"the statement on line {line_of('tl203_aux_losses', 'aux.append')}"]
+    assert counts["plain"] == 2  # two stand-in layers
+    assert counts["checkpointed"] > counts["plain"]
+
+
+def test_tl203_side_effect_after_the_last_saved_tensor_is_not_repeated(verified):
+    # non-reentrant checkpoint stops recomputing once every saved tensor is back
+    v = one(verified, "tl203_after_last_op").verify
+    assert v["status"] == "not-reproduced"
+    line = line_of("tl203_after_last_op", "TRACE.append")
+    assert v["evidence"]["executions"][f"the statement on line {line}"] == {"checkpointed": 1, "plain": 1}
+
+
+def test_tl203_unbindable_attribute_is_named(verified):
+    v = one(verified, "tl203_unbindable").verify
+    assert v["status"] == "not-executable"
+    assert "self.calls" in v["detail"]
+
+
+# TL101 -----------------------------------------------------------------------------------------------
+
+
+def test_tl101_clip_of_scaled_gradients_is_confirmed_and_fix_matches(verified):
+    finding = one(verified, "tl101_sgd")
+    v = finding.verify
+    assert v["status"] == "confirmed"
+    seen = v["evidence"]["clip_saw_norm"]
+    # the clip saw the true norm times the loss scale
+    assert seen["as_written"][0] == pytest.approx(
+        seen["reference"][0] * v["evidence"]["loss_scale"], rel=1e-3
+    )
+    assert v["evidence"]["as_written_vs_reference"]["max_rel"] > 0.5
+    assert v["evidence"]["fixed_vs_reference"]["max_rel"] < 1e-5
+    assert finding.fix.applicability is Applicability.VERIFIED
+
+
+def test_tl101_disabled_scaler_is_not_reproduced(verified):
+    v = one(verified, "tl101_scaler_disabled").verify
+    assert v["status"] == "not-reproduced"
+    seen = v["evidence"]["clip_saw_norm"]
+    assert seen["as_written"] == seen["reference"]
+
+
+def test_tl101_adamw_with_argparse_threshold(verified):
+    v = one(verified, "tl101_accumulation_argparse").verify
+    assert v["status"] == "confirmed"
+    assert "`args.max_norm` = 1.0 (argparse default)" in v["detail"]
+    assert v["evidence"]["fixed_vs_reference"]["max_rel"] < 1e-5
+
+
+def test_tl101_unbindable_threshold_is_named(verified):
+    v = one(verified, "tl101_unbindable").verify
+    assert v["status"] == "not-executable"
+    assert "clip_threshold" in v["detail"]
+
+
+# TL105 -----------------------------------------------------------------------------------------------
+
+
+def test_tl105_fp16_adamw_is_confirmed(verified):
+    v = one(verified, "tl105_fp16_adamw").verify
+    assert v["status"] == "confirmed"
+    assert v["evidence"]["parameter_dtype"] == "float16"
+
+
+def test_tl105_small_bf16_updates_round_away(verified):
+    v = one(verified, "tl105_bf16_small_updates").verify
+    assert v["status"] == "confirmed"
+    never = v["evidence"]["entries_never_updated"]
+    assert never["as_written"] > never["of"] // 2
+    assert never["reference"] == 0
+
+
+def test_tl105_gradscaler_refuses_fp16_gradients(verified):
+    v = one(verified, "tl105_with_scaler").verify
+    assert v["status"] == "confirmed"
+    assert "Attempting to unscale FP16 gradients" in v["detail"]
+
+
+def test_tl105_large_updates_survive_bf16(verified):
+    v = one(verified, "tl105_large_steps").verify
+    assert v["status"] == "not-reproduced"
+    assert v["evidence"]["movement_rel_error"] < 0.1
+
+
+def test_tl105_unbindable_learning_rate_is_named(verified):
+    v = one(verified, "tl105_unbindable").verify
+    assert v["status"] == "not-executable"
+    assert "hp.learning_rate" in v["detail"]
+
+
+# TL301 -----------------------------------------------------------------------------------------------
+
+
+def test_tl301_uneven_token_counts_are_confirmed_and_fix_matches(verified):
+    v = one(verified, "tl301_cross_entropy").verify
+    assert v["status"] == "confirmed"
+    tokens = v["evidence"]["valid_tokens_per_microbatch"]
+    assert len(tokens) == 4 and len(set(tokens)) > 1
+    assert v["evidence"]["as_written_vs_reference"]["max_rel"] > 0.1
+    assert v["evidence"]["fixed_vs_reference"]["max_rel"] < 1e-4
+
+
+def test_tl301_hugging_face_loss(verified):
+    v = one(verified, "tl301_hf_output_loss").verify
+    assert v["status"] == "confirmed"
+    assert v["evidence"]["microbatches"] == 8  # the function's default accumulation count
+    assert v["evidence"]["fixed_vs_reference"]["max_rel"] < 1e-4
+
+
+def test_tl301_equal_token_counts_are_not_reproduced(verified):
+    v = one(verified, "tl301_packed_equal_tokens").verify
+    assert v["status"] == "not-reproduced"
+    assert len(set(v["evidence"]["valid_tokens_per_microbatch"])) == 1
+
+
+def test_tl301_unbindable_name(verified):
+    v = one(verified, "tl301_unbindable").verify
+    assert v["status"] == "not-executable"
+    assert "temperature_schedule" in v["detail"]
+
+
+# fixtures ----------------------------------------------------------------------------------------------
+
+PLANTED = [
+    ("fixtures/bad_gpt_amp.py", "TL101"),
+    ("fixtures/bad_gpt_amp.py", "TL203"),
+    ("fixtures/bad_gpt_amp.py", "TL301"),
+    pytest.param(
+        "fixtures/bad_gpt_amp.py",
+        "TL201",
+        marks=pytest.mark.xfail(
+            strict=True,
+            reason="the blocks' input comes from a trainable embedding plus a trainable position "
+            "parameter, so the reentrant checkpoint returns every gradient",
+        ),
+    ),
+    ("fixtures/bad_finetune_half.py", "TL105"),
+    ("fixtures/bad_finetune_half.py", "TL301"),
+]
+
+
+@pytest.mark.parametrize(("path", "rule"), PLANTED)
+def test_planted_fixture_mistakes_are_confirmed(verified, path, rule):
+    found = [f for f in verified[path] if f.rule == rule]
+    assert found, f"{rule} not reported in {path}"
+    for finding in found:
+        assert finding.verify["status"] == "confirmed", finding.verify["detail"]
+        assert finding.verify["evidence"]
+
+
+# containment ---------------------------------------------------------------------------------------------
+
+RUNAWAY = textwrap.dedent(
+    """
+    import os
+    import sys
+    from torch import nn
+    from torch.utils.checkpoint import checkpoint
+
+
+    def spin(x):
+        while True:
+            x = x + 1
+        return x
+
+
+    def quit_now(x):
+        sys.exit(3)
+
+
+    def vanish(x):
+        os._exit(0)
+
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return checkpoint(spin, self.fc(x))
+
+        def stop(self, x):
+            return checkpoint(quit_now, self.fc(x))
+
+        def gone(self, x):
+            return checkpoint(vanish, self.fc(x))
+
+        def fine(self, x):
+            return checkpoint(self.fc, x)
+    """
+)
+
+
+def test_runaway_snippets_are_contained_and_reported(probes_on_rules):
+    findings = lint_source(RUNAWAY, "runaway.py", ["TL201"])
+    assert len(findings) == 4
+    out = {
+        f.line: f.verify for f in verify_findings(findings, {"runaway.py": RUNAWAY}, device="cpu", timeout=2)
+    }
+    loop, exit_, gone, fine = (out[line] for line in sorted(out))
+    assert loop["status"] == "not-executable" and "did not finish within 2s" in loop["detail"]
+    assert exit_["status"] == "not-executable" and "sys.exit(3)" in exit_["detail"]
+    assert gone["status"] == "not-executable" and "exit code 0" in gone["detail"]
+    # the probe after the one that killed its process still runs, in a fresh child
+    assert fine["status"] == "confirmed"
+
+
+def test_probe_that_hangs_in_native_code_is_killed():
+    probe = {
+        "id": "0",
+        "driver": "grads",
+        "programs": {
+            "reference": "import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\nwhile True:\n    pass\n"
+        },
+    }
+    result = run_probes([probe], "cpu", timeout=1)["0"]
+    assert result["status"] == "not-executable"
+    assert "killed" in result["detail"]
+
+
+def test_findings_without_a_probe_are_returned_unchanged(probes_on_rules):
+    code = "import torch\nfor p in model.parameters():\n    total += p.sum()\n"
+    findings = lint_source(code, "plain.py", None)
+    assert verify_findings(findings, {"plain.py": code}, device="cpu", timeout=5) == findings
+
+
+# pieces -------------------------------------------------------------------------------------------------
+
+
+def test_free_names_are_order_aware():
+    names = analyse_names("loss = loss / n\nfor x in xs:\n    y = x + z\nwith f(a) as b:\n    b.c\n")
+    assert names.free == ["loss", "n", "xs", "z", "f", "a"]
+
+
+def test_text_edits_insert_in_the_order_given():
+    text = "a = f(x)\n"
+    edits = [TextEdit(1, 5, 1, 5, "g("), TextEdit(1, 5, 1, 5, "h("), TextEdit(1, 9, 1, 9, "))")]
+    assert apply_text_edits(text, edits) == "a = g(h(f(x)))\n"
+
+
+def test_argparse_defaults():
+    from trainlint.model import FileModel
+
+    model = FileModel.from_source(
+        "p.add_argument('--max-norm', type=float, default=0.5)\n"
+        "p.add_argument('--amp', action='store_true')\n"
+        "p.add_argument('-a', '--grad-accum', dest='accum', default=8)\n"
+        "p.add_argument('--lr', type=float)\n"
+    )
+    assert argparse_defaults(model) == {"max_norm": "0.5", "amp": "False", "accum": "8"}
+
+
+@pytest.mark.cuda
+def test_cuda_path(probes_on_rules):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    names = ["tl201_raw_features", "tl101_sgd", "tl301_cross_entropy", "tl105_fp16_adamw"]
+    sources = {f"{n}.py": SNIPPETS[n][1] for n in names}
+    findings = [f for n in names for f in lint_source(SNIPPETS[n][1], f"{n}.py", [SNIPPETS[n][0]])]
+    out = verify_findings(findings, sources, device="cuda", timeout=60)
+    for finding in out:
+        assert finding.verify["device"] == "cuda", finding.verify
+        assert finding.verify["status"] == "confirmed", finding.verify["detail"]
