@@ -65,12 +65,22 @@ def too_large(size: int, limit: int = MAX_SOURCE_BYTES) -> str:
     )
 
 
-def is_excluded(path: Path, patterns: Iterable[str], root: Path) -> bool:
-    """A path is excluded when a pattern matches its path relative to ``root`` or any one part."""
-    try:  # os.path.realpath, unlike Path.resolve on Python < 3.13, never raises on a looping link
-        rel = Path(os.path.realpath(path)).relative_to(os.path.realpath(root)).as_posix()
-    except ValueError:
-        rel = path.as_posix()
+def is_excluded(path: Path, patterns: Iterable[str], root: Path, base: Path | None = None) -> bool:
+    """A path is excluded when a pattern matches its path relative to ``root`` or any one part.
+
+    A path outside ``root`` is matched relative to ``base`` (the folder given on the command line), so
+    that folders above it (``/home/me/build/proj``, ``.../site-packages/pkg``) exclude nothing.
+    """
+    real = os.path.realpath(path)  # unlike Path.resolve on Python < 3.13, never raises on a loop
+    rel = path.as_posix()
+    for anchor in (root, base):
+        if anchor is None:
+            continue
+        try:
+            rel = Path(real).relative_to(os.path.realpath(anchor)).as_posix()
+            break
+        except ValueError:
+            continue
     parts = rel.split("/")
     for pattern in patterns:
         pattern = pattern.rstrip("/")
@@ -129,7 +139,7 @@ def discover(paths: Iterable[Path], excludes: Iterable[str], root: Path, errors:
                 continue
             visited_dirs.add(real)
             base = Path(dirpath)
-            dirnames[:] = sorted(d for d in dirnames if not is_excluded(base / d, excludes, root))
+            dirnames[:] = sorted(d for d in dirnames if not is_excluded(base / d, excludes, root, given))
             for filename in filenames:
                 if not filename.endswith((".py", ".pyi")):
                     continue
@@ -137,7 +147,7 @@ def discover(paths: Iterable[Path], excludes: Iterable[str], root: Path, errors:
                 kind = _kind(candidate)
                 if kind == "loop":
                     errors.append(f"{candidate}: the symbolic link loops; skipped")
-                elif kind not in ("special", "missing") and not is_excluded(candidate, excludes, root):
+                elif kind not in ("special", "missing") and not is_excluded(candidate, excludes, root, given):
                     found.append(candidate)
         for candidate in sorted(found):
             key = candidate.absolute()

@@ -48,6 +48,7 @@ class AccumulationMeanOfMeans(Rule):
     id = "TL301"
     name = "accumulation-mean-of-means"
     severity = Severity.WARNING
+    probe = "tl301"
     summary = "A token-mean loss divided by the number of accumulation steps: microbatches weigh the same whatever their token counts."
     tokens = ("backward",)
     doc = RuleDoc(

@@ -127,6 +127,7 @@ class ClipBeforeUnscale(Rule):
     id = "TL101"
     name = "clip-before-unscale"
     severity = Severity.ERROR
+    probe = "tl101"
     summary = "Gradient clipping on gradients that are still multiplied by the GradScaler's loss scale."
     tokens = ("clip_grad",)
     has_fix = True
@@ -636,6 +637,7 @@ class HalfInsteadOfAutocast(Rule):
     id = "TL105"
     name = "half-instead-of-autocast"
     severity = Severity.ERROR
+    probe = "tl105"
     summary = (
         "A model converted to fp16/bf16 storage is then trained by an optimizer without fp32 master weights."
     )

@@ -67,6 +67,7 @@ class CheckpointUseReentrant(Rule):
     id = "TL201"
     name = "checkpoint-use-reentrant"
     severity = Severity.WARNING
+    probe = "tl201"
     summary = "torch.utils.checkpoint called without an explicit use_reentrant= argument."
     tokens = ("checkpoint",)
     has_fix = True
@@ -182,6 +183,7 @@ class CheckpointReentrantExplicit(Rule):
     id = "TL202"
     name = "checkpoint-reentrant-explicit"
     severity = Severity.INFO
+    probe = "tl202"
     summary = "use_reentrant=True passed to torch.utils.checkpoint explicitly."
     tokens = ("use_reentrant",)
     doc = RuleDoc(
@@ -416,6 +418,7 @@ class CheckpointSideEffect(Rule):
     id = "TL203"
     name = "checkpoint-side-effect"
     severity = Severity.WARNING
+    probe = "tl203"
     summary = "A function run under checkpoint() has side effects, which happen again when it is recomputed."
     tokens = ("checkpoint",)
     doc = RuleDoc(

@@ -500,3 +500,19 @@ def test_read_source_never_raises_on_odd_paths(tmp_path) -> None:
     assert "no longer exists" in read_source(tmp_path / "missing.py").error
     assert "folder" in read_source(tmp_path).error
     assert trainlint.files.decode(b"\xff\xfe\x00x").error is not None
+
+
+def test_folders_above_the_given_path_do_not_exclude_it(tmp_path, capsys, monkeypatch) -> None:
+    """Default excludes name folders such as build/ and site-packages/: they apply inside what is
+    linted, not to the folders a project happens to live in."""
+    project = tmp_path / "build" / "site-packages" / "proj"
+    (project / "build").mkdir(parents=True)
+    (project / "train.py").write_text(GOOD, encoding="utf-8")
+    (project / "build" / "generated.py").write_text(GOOD, encoding="utf-8")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    code, data, _ = lint(capsys, str(project))
+    assert code == 1
+    assert data["summary"]["files"] == 1
+    assert {Path(p).name for p in found(data)} == {"train.py"}

@@ -167,7 +167,6 @@ class Program:
     setup: list[str] = field(default_factory=list)
     run: str = ""
     unbound: set[str] = field(default_factory=set)
-    notes: list[str] = field(default_factory=list)
 
     def render(self) -> str:
         provided = {c.name for c in self.classes}

@@ -354,7 +354,6 @@ def _checkpoint_probe(ctx: ProbeContext, fixed: list[TextEdit] | None) -> dict[s
         "driver": "grads",
         "programs": programs,
         "roots": roots,
-        "inputs": [],
         "hit_key": HIT,
         "call_label": f"the checkpoint call on line {model.position(call).start.line}",
         "notes": notes,

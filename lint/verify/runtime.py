@@ -865,7 +865,7 @@ def short_list(names: list[str], n: int = 4) -> str:
 # drivers
 
 
-def run_grads_variant(ns: dict, roots: list[str], inputs: list[str]) -> dict:
+def run_grads_variant(ns: dict, roots: list[str]) -> dict:
     """Call ``__tl_run__`` (one forward), backpropagate a fixed projection of every output and
     capture outputs, parameter gradients and input gradients."""
     out, warns = call_user(ns["__tl_run__"])
@@ -940,9 +940,8 @@ def _alt(program, index: int) -> str:
 def drive_grads(probe: dict) -> dict:
     """TL201/TL202: the checkpointed call as written vs without checkpoint (and with the fix)."""
     roots = probe.get("roots", ["self"])
-    inputs = probe.get("inputs", [])
     runs, failures, _ = run_variants(
-        probe, ("reference", "as_written", "fixed"), lambda ns: run_grads_variant(ns, roots, inputs)
+        probe, ("reference", "as_written", "fixed"), lambda ns: run_grads_variant(ns, roots)
     )
     label = probe.get("call_label", "the checkpointed call")
     if "reference" in failures or "reference" not in runs:
@@ -1063,7 +1062,7 @@ def drive_side_effects(probe: dict) -> dict:
     watch = probe.get("watch", [])
 
     def run(ns: dict) -> dict:
-        out = run_grads_variant(ns, roots, [])
+        out = run_grads_variant(ns, roots)
         out["state"] = state_of({r: ns[r] for r in roots if r in ns})
         out["globals"] = {
             k.removeprefix("__tl_arg_"): float(len(v)) if isinstance(v, list | dict | set) else float(v)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 from libcst.metadata import ExpressionContext, ExpressionContextProvider, MetadataWrapper, ScopeProvider
 
-from trainlint.model import FileModel, Scope, Site, dotted, walk
+from trainlint.model import FileModel, Site, dotted, walk
 from trainlint.rule import Finding
 
 
@@ -56,23 +56,6 @@ def call_site_at(model: FileModel, finding: Finding, accept=lambda site: True) -
     if best is None:
         raise NotExecutable(f"the flagged call at line {finding.line} was not found in the file")
     return best[1]
-
-
-def site_of(model: FileModel, node: cst.CSTNode) -> Site | None:
-    for site in model.calls:
-        if site.node is node:
-            return site
-    return None
-
-
-def statement_nodes_at(model: FileModel, line: int) -> list[cst.CSTNode]:
-    """Statements (simple lines and compound statements) that start on ``line``, outermost first."""
-    out = []
-    for node in walk(model.module):
-        if isinstance(node, cst.SimpleStatementLine | cst.BaseCompoundStatement):
-            if model.position(node).start.line == line:
-                out.append(node)
-    return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -482,7 +465,3 @@ def _import_line(stmt: cst.CSTNode, name: str) -> str:
                 suffix = f" as {local}" if local != imported else ""
                 return f"from {module} import {imported}{suffix}\n"
     return cst.Module(body=[]).code_for_node(stmt) if isinstance(stmt, cst.BaseStatement) else ""
-
-
-def scope_function(model: FileModel, scope: Scope) -> cst.FunctionDef | None:
-    return scope.node if isinstance(scope.node, cst.FunctionDef) else None
