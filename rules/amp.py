@@ -1143,10 +1143,17 @@ def uses_scaling_framework(model: FileModel) -> bool:
 
 
 def scaler_in_file(model: FileModel) -> bool:
-    """Any sign of loss scaling in the file: scaler events, a GradScaler, or a ``*scaler*`` name (a
-    scaler passed in from another file, ``loss = loss_scaler.scale(loss)``)."""
+    """Any sign of loss scaling in the file: scaler events, a GradScaler, or an identifier spelled
+    ``*scaler*`` (a scaler passed in from another file, ``loss = loss_scaler.scale(loss)``). Comments
+    and strings do not count."""
     if "scaler" in model.source.lower():
-        return True
+        nodes = list(walk(model.module))
+        definition_names = {id(n.name) for n in nodes if isinstance(n, cst.FunctionDef | cst.ClassDef)}
+        if any(
+            isinstance(n, cst.Name) and "scaler" in n.value.lower() and id(n) not in definition_names
+            for n in nodes
+        ):
+            return True
     training = model.training
     if training.of_kind("scaled_backward", "unscale", "scaler_step"):
         return True

@@ -950,3 +950,31 @@ def test_accumulation_condition_counter_reset_needs_the_frame() -> None:
     assert not training.accumulation_condition(node.test, model.module_scope)
     site = next(s for s in model.calls if "step" in model.code(s.node))
     assert training.under_accumulation(site) is not None
+
+
+def test_tl109_a_comment_or_name_mentioning_scaler_does_not_hide_the_bug(lint) -> None:
+    code = """
+    import torch
+
+    def train_without_scaler(model, loader, opt):  # no GradScaler: "we don't need a scaler"
+        for x in loader:
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = model(x).mean()
+            loss.backward()
+            opt.step()
+    """
+    assert [(f.rule, f.line) for f in lint(code, "TL109")] == [("TL109", 8)]
+
+
+def test_tl109_a_scaler_variable_from_elsewhere_suppresses(lint) -> None:
+    code = """
+    import torch
+
+    def train(model, loader, opt, loss_scaler):
+        for x in loader:
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = model(x).mean()
+            loss.backward()
+            loss_scaler.step(opt)
+    """
+    assert lint(code, "TL109") == []
