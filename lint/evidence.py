@@ -238,13 +238,39 @@ class TokenEvidence:
                         if isinstance(element.value, cst.Name):
                             key = (id(site.scope), element.value.value)
                             self._assigns.setdefault(key, []).append((site, value, index))
-        self.padding: list[Evidence] = list(self._padding_evidence())
-        self.lm_names, self.per_example_names = self._model_class_names()
+        self.lm_names: list[cst.CSTNode] = []
+        self.per_example_names: list[cst.CSTNode] = []
+        self.padding: list[Evidence] = list(self._scan())
 
-    # -- padding / masking evidence -------------------------------------------------------------------
-    def _padding_evidence(self) -> Iterator[Evidence]:
+    # -- one pass over the file: padding / masking evidence and model class names ----------------------
+    def _scan(self) -> Iterator[Evidence]:
+        source = self.model.source
+        # Walking a CST is slow; skip the walk when no word it looks for occurs in the text.
+        padding_words = any(w in source for w in (*PADDING_WORDS, "ignore_index", "-100", "padding"))
+        class_words = any(w in source for w in (*LM_SUFFIXES, *PER_EXAMPLE_SUFFIXES, *LM_DATA))
+        if padding_words or class_words:
+            yield from self._walk_file(padding_words)
+        for scope in self.model.scopes:
+            for bindings in scope.bindings.values():
+                for binding in bindings:
+                    if binding.kind == "import" and self._is_padding_data(binding.target):
+                        yield Evidence(binding.node, f"`{last_part(binding.target)}`")
+        for site in self.model.calls:
+            callee = self.model.callee(site)
+            if callee and "." in callee and self._is_padding_data(callee):
+                yield Evidence(site.node, f"`{last_part(callee)}`")
+
+    def _walk_file(self, padding_words: bool) -> Iterator[Evidence]:
         keyword_names: set[int] = set()
         for node in walk(self.model.module):
+            if isinstance(node, cst.Name | cst.Attribute):
+                name = node.value if isinstance(node, cst.Name) else node.attr.value
+                if name.endswith(LM_SUFFIXES) or name in LM_DATA:
+                    self.lm_names.append(node)
+                elif name.endswith(PER_EXAMPLE_SUFFIXES):
+                    self.per_example_names.append(node)
+            if not padding_words:
+                continue
             if isinstance(node, cst.Arg) and node.keyword is not None:
                 keyword_names.add(id(node.keyword))
                 name = node.keyword.value
@@ -269,15 +295,6 @@ class TokenEvidence:
                 value = string_value(node)
                 if value and _WORD.match(value) and value in PADDING_WORDS:
                     yield Evidence(node, f"`{value}`")
-        for scope in self.model.scopes:
-            for bindings in scope.bindings.values():
-                for binding in bindings:
-                    if binding.kind == "import" and self._is_padding_data(binding.target):
-                        yield Evidence(binding.node, f"`{last_part(binding.target)}`")
-        for site in self.model.calls:
-            callee = self.model.callee(site)
-            if callee and "." in callee and self._is_padding_data(callee):
-                yield Evidence(site.node, f"`{last_part(callee)}`")
 
     @staticmethod
     def _is_padding_data(qualname: str | None) -> bool:
@@ -289,31 +306,11 @@ class TokenEvidence:
         """The padding evidence to show for a finding in ``scope``: one inside it when there is one."""
         if not self.padding:
             return None
-        inside = [e for e in self.padding if self._inside(e.node, scope.node)]
+        ids = {id(n) for n in walk(scope.node)} if scope.kind != "module" else set()
+        inside = [e for e in self.padding if id(e.node) in ids]
         return (inside or self.padding)[0]
 
-    @staticmethod
-    def _inside(node: cst.CSTNode, container: cst.CSTNode) -> bool:
-        return any(n is node for n in walk(container))
-
     # -- which kind of model the file trains ---------------------------------------------------------
-    def _model_class_names(self) -> tuple[list[cst.CSTNode], list[cst.CSTNode]]:
-        lm: list[cst.CSTNode] = []
-        per_example: list[cst.CSTNode] = []
-        for node in walk(self.model.module):
-            name = None
-            if isinstance(node, cst.Name):
-                name = node.value
-            elif isinstance(node, cst.Attribute):
-                name = node.attr.value
-            if not name:
-                continue
-            if name.endswith(LM_SUFFIXES) or name in LM_DATA:
-                lm.append(node)
-            elif name.endswith(PER_EXAMPLE_SUFFIXES):
-                per_example.append(node)
-        return lm, per_example
-
     def _model_kind(self, func: cst.BaseExpression, scope: Scope, depth: int = 0) -> str | None:
         """``lm``, ``per_example`` or None for the model called as ``func(...)``."""
         if depth > 4:

@@ -9,9 +9,11 @@ built on them. Rules ask the model; they never walk imports themselves.
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import functools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
@@ -128,34 +130,118 @@ def exclusive(a: Iterable[Frame], b: Iterable[Frame]) -> bool:
     return any(f.kind == "if" and branches.get(id(f.node), f.branch) != f.branch for f in b)
 
 
+# -- fast traversal ------------------------------------------------------------------------------
+# libcst's own traversal (``node.visit``, ``node.children``) rebuilds every node it passes, which costs
+# as much as parsing. The model only needs the syntax nodes, in source order, so it reads the dataclass
+# fields directly and skips the fields that only hold whitespace, comments and punctuation.
+_TRIVIA_FIELDS = frozenset(
+    {
+        "asynchronous", "colon", "comma", "comment", "dot", "empty_lines", "equal", "first_colon",
+        "first_line", "footer", "header", "last_line", "lbrace", "lbracket", "leading_lines",
+        "leading_whitespace", "lines_after_decorators", "lpar", "newline", "rbrace", "rbracket",
+        "relative", "rpar", "second_colon", "semicolon", "trailing_comma", "trailing_whitespace",
+        "whitespace",
+    }
+)  # fmt: skip
+# Classes whose dataclass field order is not their source order (``@decorator`` before ``def``,
+# ``a if test else b``...). tests/test_performance.py checks every class against libcst's own order.
+_SOURCE_ORDER = {
+    "Arg": ("keyword", "value"),
+    "ClassDef": ("decorators", "name", "type_parameters", "bases", "keywords", "body"),
+    "ExceptHandler": ("type", "name", "body"),
+    "ExceptStarHandler": ("type", "name", "body"),
+    "FunctionDef": ("decorators", "name", "type_parameters", "params", "returns", "body"),
+    "IfExp": ("body", "test", "orelse"),
+    "MatchCase": ("pattern", "guard", "body"),
+    "Parameters": ("posonly_params", "posonly_ind", "params", "star_arg", "kwonly_params", "star_kwarg"),
+    "TypeAlias": ("name", "type_parameters", "value"),
+}
+_FIELDS: dict[type, tuple[str, ...]] = {}
+_IS_NODE: dict[type, bool] = {}  # per class: is it a CSTNode (isinstance on libcst's ABCs is slow)
+
+
+def child_fields(cls: type) -> tuple[str, ...]:
+    """The fields of a node class that can hold syntax nodes, in source order."""
+    found = _FIELDS.get(cls)
+    if found is None:
+        names = [
+            f.name
+            for f in dataclasses.fields(cls)
+            if not f.name.startswith(("whitespace_", "_")) and f.name not in _TRIVIA_FIELDS
+        ]
+        order = _SOURCE_ORDER.get(cls.__name__)
+        if order is not None:
+            names = [n for n in order if n in names] + [n for n in names if n not in order]
+        found = _FIELDS[cls] = tuple(names)
+    return found
+
+
+def _is_node(cls: type) -> bool:
+    known = _IS_NODE.get(cls)
+    if known is None:
+        known = _IS_NODE[cls] = issubclass(cls, cst.CSTNode)
+    return known
+
+
+def children(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """The syntax children of a node in source order: ``node.children`` less whitespace, comments
+    and punctuation, without the cost of libcst's rebuilding traversal."""
+    out: list[cst.CSTNode] = []
+    is_node = _IS_NODE
+    for name in _FIELDS.get(type(node)) or child_fields(type(node)):
+        value = getattr(node, name)
+        kind = type(value)
+        if kind is tuple or kind is list:
+            for item in value:
+                known = is_node.get(type(item))
+                if known or (known is None and _is_node(type(item))):
+                    out.append(item)
+        else:
+            known = is_node.get(kind)
+            if known or (known is None and _is_node(kind)):
+                out.append(value)
+    return out
+
+
 def walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    """Every node below ``node`` (pre-order), ``node`` included."""
+    """Every syntax node below ``node`` (pre-order, source order), ``node`` included. Whitespace,
+    comment and punctuation nodes (commas, parentheses, colons) are not visited."""
     stack = [node]
     while stack:
         current = stack.pop()
         yield current
-        stack.extend(reversed(current.children))
+        kids = children(current)
+        if kids:
+            kids.reverse()
+            stack.extend(kids)
 
 
 def walk_scope(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
     """Like ``walk`` but does not descend into nested function, lambda or class bodies."""
-    stack = list(reversed(node.children))
+    stack = children(node)
+    stack.reverse()
     while stack:
         current = stack.pop()
         yield current
         if isinstance(current, cst.FunctionDef | cst.ClassDef | cst.Lambda):
             continue
-        stack.extend(reversed(current.children))
+        kids = children(current)
+        if kids:
+            kids.reverse()
+            stack.extend(kids)
 
 
 _STATEMENT_TYPES = (cst.SimpleStatementLine, cst.BaseCompoundStatement)
 
 
-class _Builder(cst.CSTVisitor):
-    """The single pass that fills a FileModel."""
+class _Builder:
+    """The single pass that fills a FileModel: ``run`` calls the ``visit_X``/``leave_X`` methods in
+    source order, as a libcst visitor would, for the syntax nodes (see ``walk``)."""
+
+    # per node class: (visit_X, leave_X, is a statement)
+    _handlers: ClassVar[dict[type, tuple[Any, Any, bool]]] = {}
 
     def __init__(self, model: FileModel) -> None:
-        super().__init__()
         self.model = model
         self.scopes: list[Scope] = [model.module_scope]
         self.frames: list[Frame] = []
@@ -165,26 +251,49 @@ class _Builder(cst.CSTVisitor):
         self.nodes: list[cst.CSTNode] = []
         self.order = 0
 
-    # -- generic bookkeeping -------------------------------------------------------------------
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        frame = self.branch_of.pop(id(node), None)
-        if frame is not None:
-            self.frames.append(frame)
-            self.pushed[id(node)] = self.pushed.get(id(node), 0) + 1
-        if isinstance(node, _STATEMENT_TYPES):
-            self.statements.append(node)
-        self.nodes.append(node)
-        self.order += 1
-        return super().on_visit(node)
-
-    def on_leave(self, original_node: cst.CSTNode) -> None:
-        super().on_leave(original_node)
-        self.nodes.pop()
-        if isinstance(original_node, _STATEMENT_TYPES):
-            self.statements.pop()
-        n = self.pushed.pop(id(original_node), 0)
-        for _ in range(n):
-            self.frames.pop()
+    def run(self, root: cst.CSTNode) -> None:
+        """Iterative: no recursion, however deeply the file nests."""
+        handlers = self._handlers
+        branch_of, pushed, frames = self.branch_of, self.pushed, self.frames
+        statements, nodes = self.statements, self.nodes
+        stack: list[tuple[cst.CSTNode, bool]] = [(root, False)]
+        while stack:
+            node, leaving = stack.pop()
+            cls = type(node)
+            handler = handlers.get(cls)
+            if handler is None:
+                handler = handlers[cls] = (
+                    getattr(_Builder, f"visit_{cls.__name__}", None),
+                    getattr(_Builder, f"leave_{cls.__name__}", None),
+                    issubclass(cls, _STATEMENT_TYPES),
+                )
+            visit, leave, is_statement = handler
+            if leaving:
+                if leave is not None:
+                    leave(self, node)
+                nodes.pop()
+                if is_statement:
+                    statements.pop()
+                if pushed:
+                    for _ in range(pushed.pop(id(node), 0)):
+                        frames.pop()
+                continue
+            if branch_of:
+                frame = branch_of.pop(id(node), None)
+                if frame is not None:
+                    frames.append(frame)
+                    pushed[id(node)] = pushed.get(id(node), 0) + 1
+            if is_statement:
+                statements.append(node)
+            nodes.append(node)
+            self.order += 1
+            stack.append((node, True))
+            if visit is not None and visit(self, node) is False:
+                continue  # as in libcst: a visit_X returning False skips the children, not the leave
+            kids = children(node)
+            if kids:
+                kids.reverse()
+                stack.extend((k, False) for k in kids)
 
     def _site(self, node: cst.CSTNode) -> Site:
         return Site(
@@ -364,7 +473,7 @@ class FileModel:
         self._wrapper: MetadataWrapper | None = None
         self._positions: dict[cst.CSTNode, CodeRange] | None = None
         self._callee: dict[int, str | None] = {}
-        module.visit(_Builder(self))
+        _Builder(self).run(module)
 
     @classmethod
     def from_source(cls, source: str, path: str = "<string>") -> FileModel:
@@ -388,8 +497,9 @@ class FileModel:
         first = True
         while current is not None:
             if current.kind != "class" or first:
-                if name in current.global_names:
-                    current = self.module_scope
+                if name in current.global_names and current is not self.module_scope:
+                    # (``global x`` at module level is legal and means nothing: no jump, no loop)
+                    current, first = self.module_scope, False
                     continue
                 found = current.bindings.get(name)
                 if found:

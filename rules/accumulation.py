@@ -412,9 +412,8 @@ def backward_calls(model: FileModel, scope: Scope) -> list[Site]:
             out.append(site)
         elif isinstance(call.func, cst.Name):
             definition = model.definition(call.func.value, scope)
-            if isinstance(definition, cst.FunctionDef) and any(
-                isinstance(n, cst.Call) and is_backward_call(n) for n in walk(definition)
-            ):
+            inner = model.scope_for(definition) if isinstance(definition, cst.FunctionDef) else None
+            if inner is not None and any(is_backward_call(s.node) for s in model.calls_in(inner)):  # type: ignore[arg-type]
                 out.append(site)
     return out
 

@@ -200,6 +200,32 @@ class DdpAccumulationWithoutNoSync(Rule):
         ),
     )
 
+    valid = (
+        *valid,
+        # DeepSpeed's engine accumulates and synchronises by itself
+        "import deepspeed\nengine, opt, _, _ = deepspeed.initialize(model=net, config=cfg)\n"
+        "for b in loader:\n    loss = engine(b)\n    engine.backward(loss)\n    engine.step()",
+    )
+    invalid = (
+        *invalid,
+        # the HF no_trainer condition: every N steps or at the end of the epoch
+        Invalid(
+            _HEAD + "for step, batch in enumerate(loader):\n    outputs = model(**batch)\n"
+            "    (outputs.loss / args.gradient_accumulation_steps).backward()\n"
+            "    if step % args.gradient_accumulation_steps == 0 or step == len(loader) - 1:\n"
+            "        opt.step()\n        lr_scheduler.step()\n        opt.zero_grad()",
+            line=6,
+        ),
+        # the step every N micro-batches with a scaler
+        Invalid(
+            _HEAD + "scaler = torch.cuda.amp.GradScaler()\nfor i, (x, y) in enumerate(loader):\n"
+            "    with torch.autocast('cuda'):\n        loss = F.cross_entropy(model(x), y) / grad_accum\n"
+            "    scaler.scale(loss).backward()\n    if (i + 1) % grad_accum == 0:\n"
+            "        scaler.step(opt)\n        scaler.update()\n        opt.zero_grad()",
+            line=8,
+        ),
+    )
+
     def check(self, model: FileModel) -> Iterator[Diagnostic]:
         wrapped = _ddp_models(model)
         if not wrapped:
@@ -352,6 +378,32 @@ class TokenMeanNotGlobal(Rule):
             "    valid = batch.y.ne(-100)\n    n = valid.sum()\n    loss = (per_tok * valid).sum() / n\n"
             "    loss.backward()",
             line=9,
+        ),
+    )
+
+    valid = (
+        *valid,
+        # the count of the whole window, all-reduced before the window's first backward
+        _DP + "n = sum((b['labels'] != -100).sum() for b in window)\ndist.all_reduce(n)\nfor b in window:\n"
+        "    s = F.cross_entropy(model(b).flatten(0, 1), b['labels'].flatten(), reduction='sum')\n"
+        "    (s * dist.get_world_size() / n).backward()",
+    )
+    invalid = (
+        *invalid,
+        # a summed NLL divided by a count of non-pad targets, DDP model
+        Invalid(
+            "import torch\nimport torch.nn.functional as F\nfrom torch.nn.parallel import DistributedDataParallel\n"
+            "model = DistributedDataParallel(net)\n"
+            "s = F.nll_loss(F.log_softmax(model(x), -1).flatten(0, 1), y.flatten(), reduction='sum', ignore_index=pad)\n"
+            "loss = s / (y != pad).sum()\nloss.backward()",
+            line=6,
+        ),
+        # FSDP, token count through float()
+        Invalid(
+            "import torch\nimport torch.nn.functional as F\nfrom torch.distributed.fsdp import FullyShardedDataParallel as FSDP\n"
+            "model = FSDP(net)\nper_tok = F.cross_entropy(model(x).transpose(1, 2), y, reduction='none')\n"
+            "n = float(mask.sum())\nloss = (per_tok * mask).sum() / n\nloss.backward()",
+            line=7,
         ),
     )
 

@@ -185,6 +185,12 @@ class PeakMemoryWithoutReset(Rule):
             "    stats.append(T.cuda.memory.max_memory_allocated(0))",
             line=4,
         ),
+        # a batch-size sweep: each size's figure includes the larger sizes before it
+        Invalid(
+            "import torch\nfor bs in (8, 16, 32):\n    run(bs)\n"
+            "    print(bs, torch.cuda.max_memory_allocated())\ntorch.cuda.reset_peak_memory_stats()",
+            line=4,
+        ),
         # a reset in an unrelated function that is not called first
         Invalid(
             "import torch\n\ndef other():\n    torch.cuda.reset_peak_memory_stats()\n\n"
@@ -372,6 +378,19 @@ class CudaTimingWithoutSync(Rule):
             "import time, torch\ntorch.cuda.synchronize()\nt0 = time.time()\nmodel(x.cuda()).backward()\n"
             "opt.step()\nelapsed = time.time() - t0",
             line=6,
+        ),
+        # timing the forward only, in a method
+        Invalid(
+            "import time\nimport torch\n\nclass Bench:\n    def forward_time(self, x):\n"
+            "        x = x.to('cuda')\n        t0 = time.perf_counter()\n        y = self.model(x)\n"
+            "        return time.perf_counter() - t0",
+            line=9,
+        ),
+        # a benchmark loop over a literal range
+        Invalid(
+            "import time, torch\nmodel = model.cuda()\nstart = time.time()\nfor _ in range(20):\n"
+            "    out = model(x)\n    out.sum().backward()\n    opt.step()\nper_iter = (time.time() - start) / 20",
+            line=8,
         ),
         Invalid(
             "import timeit, torch\ndevice = torch.device('cuda')\nt = timeit.default_timer()\n"
@@ -575,6 +594,9 @@ class EmptyCacheInLoop(Rule):
         "import torch\nfor prompt in prompts:\n    out = model.generate(prompt)\n    torch.cuda.empty_cache()",
         # not torch's
         "from mylib import empty_cache\nfor b in loader:\n    model(b).loss.backward()\n    empty_cache()",
+        # on the way out of the loop after an out-of-memory skip (a handler, not every step)
+        "import torch\nfor b in loader:\n    try:\n        model(b).loss.backward()\n    except RuntimeError:\n"
+        "        optimizer.zero_grad()\n        torch.cuda.empty_cache()\n        continue\n    optimizer.step()",
         # between training phases (the loop runs one phase per iteration; steps are in the inner loop)
         "import torch\nfor phase in phases:\n    for b in phase.loader:\n        model(b).loss.backward()\n"
         "        opt.step()\n    torch.cuda.empty_cache()",
@@ -609,6 +631,18 @@ class EmptyCacheInLoop(Rule):
             "import torch\nfor epoch in range(3):\n    for b in loader:\n        fabric.backward(model(b))\n"
             "        torch.cuda.empty_cache()\n        opt.step()",
             line=5,
+        ),
+        # inside a with block of the step
+        Invalid(
+            "import torch\nfor b in loader:\n    with torch.autocast('cuda', dtype=torch.bfloat16):\n"
+            "        loss = model(b).loss\n        torch.cuda.empty_cache()\n    loss.backward()\n    opt.step()",
+            line=5,
+        ),
+        # a DeepSpeed engine's backward and step
+        Invalid(
+            "import torch\nfor step, batch in enumerate(loader):\n    loss = engine(batch)\n    engine.backward(loss)\n"
+            "    engine.step()\n    torch.cuda.empty_cache()",
+            line=6,
         ),
     )
 
@@ -735,6 +769,19 @@ class MemoryBeforeFirstStep(Rule):
             "m = memory_allocated(0)",
             line=4,
         ),
+        # a method that builds and reports
+        Invalid(
+            "import torch\n\nclass Runner:\n    def setup(self):\n"
+            "        self.optimizer = torch.optim.Adam(self.model.parameters())\n"
+            "        self.log(mem=torch.cuda.memory_allocated())",
+            line=6,
+        ),
+        # reserved memory after fabric.setup_optimizers (which does not step)
+        Invalid(
+            "import torch\noptimizer = torch.optim.AdamW(model.parameters())\n"
+            "optimizer = fabric.setup_optimizers(optimizer)\nfabric.print(torch.cuda.memory_reserved())",
+            line=4,
+        ),
         Invalid(
             "import torch\nimport bitsandbytes as bnb\nopt = bnb.optim.AdamW8bit(model.parameters())\n"
             "print(torch.cuda.memory_allocated() / 1e9)\nloss.backward()\nopt.step()",
@@ -835,6 +882,11 @@ class MaterializedAttentionScores(Rule):
     )
     _HEAD = "import math\nimport torch\nimport torch.nn.functional as F\nfrom torch import nn\n\nclass Attn(nn.Module):\n"
     valid = (
+        # cross-covariance attention: a channels x channels map of L2-normalised q and k
+        "import torch.nn as nn\nimport torch.nn.functional as F\n\nclass XCA(nn.Module):\n"
+        "    def forward(self, q, k, v):\n"
+        "        attn = (F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1)) * self.temperature\n"
+        "        return attn.softmax(dim=-1) @ v",
         # the fused kernel
         _HEAD
         + "    def forward(self, q, k, v):\n        return F.scaled_dot_product_attention(q, k, v, is_causal=True)",
@@ -910,20 +962,50 @@ class MaterializedAttentionScores(Rule):
         ),
     )
 
+    invalid = (
+        *invalid,
+        # relative-position bias added to the scores, a head mask on the probabilities (BERT style)
+        Invalid(
+            _HEAD + "    def forward(self, q, k, v, mask, head_mask):\n"
+            "        scores = torch.matmul(q, k.transpose(-1, -2))\n"
+            "        scores = scores / math.sqrt(self.head_size) + mask\n"
+            "        probs = F.softmax(scores, dim=-1)\n        probs = self.dropout(probs)\n"
+            "        probs = probs * head_mask\n        return torch.matmul(probs, v)",
+            line=8,
+        ),
+        # softmax in float32 then cast back
+        Invalid(
+            _HEAD + "    def forward(self, q, k, v):\n        w = q @ k.transpose(2, 3) * self.scale\n"
+            "        w = F.softmax(w.float(), dim=-1).type_as(q)\n        return torch.matmul(w, v)",
+            line=8,
+        ),
+    )
+
     def check(self, model: FileModel) -> Iterator[Diagnostic]:
-        for scope in model.scopes:
+        if self._file_uses_sdpa(model):
+            return
+        # Only functions that call a softmax can hold hand-written attention: walk just those.
+        with_softmax: dict[int, Scope] = {}
+        for site in model.calls:
+            call = site.node
+            assert isinstance(call, cst.Call)
+            if attr_name(call) in ("softmax", "log_softmax") and self._is_softmax(model, call, site.scope):
+                with_softmax.setdefault(id(site.scope), site.scope)
+        for scope in with_softmax.values():
             cls = scope.enclosing_class
             function = scope.node
             if scope.kind != "function" or cls is None or not isinstance(function, cst.FunctionDef):
                 continue
+            products = [n for n in walk_scope(function) if self._score_product(model, n, scope) is not None]
+            if not products:
+                continue
             if not self._is_module_class(cls.node) or self._no_grad(model, function, scope):
                 continue
             statements = _statement_index(function)
-            products = [n for n in walk_scope(function) if self._score_product(model, n, scope) is not None]
-            if not products or self._file_uses_sdpa(model):
-                continue
             for product in products:
-                if self._single_query(model, product, scope):
+                if self._single_query(model, product, scope) or self._channel_attention(
+                    model, product, scope
+                ):
                     continue
                 if self._softmax_then_values(model, scope, function, statements, product):
                     yield Diagnostic(
@@ -932,6 +1014,25 @@ class MaterializedAttentionScores(Rule):
                         "for backward (memory grows with the square of the length); use "
                         "`torch.nn.functional.scaled_dot_product_attention`.",
                     )
+
+    @classmethod
+    def _channel_attention(cls, model: FileModel, product: cst.CSTNode, scope: Scope) -> bool:
+        """Cross-covariance attention (XCiT, EdgeNeXt): q and k are L2-normalised along the tokens and
+        multiplied as channels x channels, so the map does not grow with the sequence length."""
+        operands = cls._score_product(model, product, scope)
+        if operands is None:
+            return False
+
+        def normalized(expr: cst.CSTNode) -> bool:
+            values = model.values_of(expr, scope) if isinstance(expr, cst.Name) else [expr]
+            return any(
+                isinstance(node, cst.Call)
+                and model.qualname(node.func, scope) == "torch.nn.functional.normalize"
+                for value in values
+                for node in walk(value)
+            )
+
+        return all(normalized(operand) for operand in operands)
 
     @staticmethod
     def _single_query(model: FileModel, product: cst.CSTNode, scope: Scope) -> bool:
@@ -966,8 +1067,9 @@ class MaterializedAttentionScores(Rule):
             left, right = node.left, node.right
         elif (
             isinstance(node, cst.Call)
-            and model.qualname(node.func, scope) == "torch.matmul"
+            and attr_name(node) == "matmul"
             and len(node.args) == 2
+            and model.qualname(node.func, scope) == "torch.matmul"
         ):
             left, right = node.args[0].value, node.args[1].value
         else:
