@@ -151,7 +151,8 @@ class TextEditSpec:
     """A fix expressed against CST nodes; the engine converts node positions into an ``Edit``.
 
     ``anchor`` is a node; ``where`` is ``"before"`` (insert at the node's start), ``"after"``
-    (insert at its end) or ``"replace"`` (replace the node's whole range).
+    (insert at its end), ``"replace"`` (replace the node's whole range) or ``"delete_lines"`` (replace
+    the whole physical lines the node spans, line breaks included, by ``content``).
     """
 
     anchor: cst.CSTNode

@@ -145,3 +145,19 @@ def test_fix_over_fixtures_leaves_only_findings_without_a_fix(tmp_path: Path, mo
     assert first == second
     # comments around the edits are preserved
     assert "# expect: TL201" in first["bad_gpt_amp.py"]
+
+
+def test_delete_lines_edit_removes_whole_lines_including_the_break() -> None:
+    import libcst as cst
+
+    from trainlint.engine import _to_edit
+    from trainlint.model import FileModel
+    from trainlint.rule import TextEditSpec
+
+    text = "a = 1\nif a:\n    b = 2\n    c = 3\nd = 4"
+    model = FileModel(cst.parse_module(text), "f.py", text)
+    body = model.module.body[1].body.body  # the two statements inside the if
+    middle = _to_edit(model, TextEditSpec(body[0], "delete_lines", ""))
+    assert apply_edits(text, [(middle,)]) == ("a = 1\nif a:\n    c = 3\nd = 4", 1)
+    last_line = _to_edit(model, TextEditSpec(model.module.body[2], "delete_lines", ""))
+    assert apply_edits(text, [(last_line,)]) == ("a = 1\nif a:\n    b = 2\n    c = 3\n", 1)
