@@ -283,10 +283,9 @@ def _to_edit(model: FileModel, spec: TextEditSpec) -> Edit:
     pos = model.position(spec.anchor)
     if spec.where == "delete_lines":
         # the whole physical lines the anchor spans, their line break included
-        last = model.source.count("\n") + 1
-        if pos.end.line < last:
+        if pos.end.line < len(model.lines):
             return Edit(pos.start.line, 1, pos.end.line + 1, 1, spec.content)
-        return Edit(pos.start.line, 1, pos.end.line, len(model.source.rsplit("\n", 1)[-1]) + 1, spec.content)
+        return Edit(pos.start.line, 1, pos.end.line, len(model.lines[-1]) + 1, spec.content)
     if spec.where == "before":
         start = end = pos.start
     elif spec.where == "after":

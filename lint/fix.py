@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import difflib
 import io
-import re
 import tokenize
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import libcst as cst
 
+from trainlint.model import LINE_BREAK
 from trainlint.rule import Applicability, Edit, Finding
 
 MAX_ROUNDS = 10
@@ -23,16 +23,13 @@ def applicable(finding: Finding, unsafe: bool) -> bool:
     return unsafe or finding.fix.applicability in (Applicability.SAFE, Applicability.VERIFIED)
 
 
-_LINE_END = re.compile(r"\r\n|\r|\n")
-
-
 def _offsets(text: str) -> list[int]:
     """Offsets of each line's start, splitting lines exactly where the parser does (\\n, \\r\\n, \\r)."""
-    return [0, *(m.end() for m in _LINE_END.finditer(text))]
+    return [0, *(m.end() for m in LINE_BREAK.finditer(text))]
 
 
 def newline_of(text: str) -> str:
-    match = _LINE_END.search(text)
+    match = LINE_BREAK.search(text)
     return match.group() if match else "\n"
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import functools
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -19,6 +20,8 @@ import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 BUILTIN_NAMES = frozenset(dir(builtins))
+# Where the parser breaks lines (``str.splitlines`` also breaks at form feeds and other characters).
+LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
 
 @dataclass(frozen=True, eq=False)
@@ -486,6 +489,11 @@ class FileModel:
             self._wrapper = MetadataWrapper(self.module, unsafe_skip_copy=True)
             self._positions = dict(self._wrapper.resolve(PositionProvider))
         return self._positions[node]
+
+    @functools.cached_property
+    def lines(self) -> list[str]:
+        """The file's physical lines as the parser numbers them, without their line breaks."""
+        return LINE_BREAK.split(self.source)
 
     def code(self, node: cst.CSTNode) -> str:
         return self.module.code_for_node(node)

@@ -13,12 +13,32 @@ from trainlint.evidence import (
     frames_inside,
     in_loop,
     innermost_loop,
+    is_number,
     is_step_count_name,
     modulo_divisors,
     token_evidence,
 )
-from trainlint.model import FileModel, Frame, Scope, Site, attr_name, dotted, positional, receiver, walk
-from trainlint.rule import Diagnostic, Invalid, Rule, RuleDoc, Severity
+from trainlint.model import (
+    FileModel,
+    Frame,
+    Scope,
+    Site,
+    attr_name,
+    children,
+    dotted,
+    positional,
+    receiver,
+    walk,
+)
+from trainlint.rule import Applicability, Diagnostic, FixSpec, Invalid, Rule, RuleDoc, Severity, TextEditSpec
+from trainlint.rules.amp import (
+    block_of,
+    ends_file,
+    line_indent,
+    reindented,
+    standalone_call,
+    whole_lines,
+)
 
 
 @dataclass(frozen=True)
@@ -531,6 +551,7 @@ class LossAccumulatedWithGraph(Rule):
     severity = Severity.WARNING
     summary = "A running loss total keeps every iteration's autograd graph alive."
     tokens = ("backward",)
+    has_fix = True
     doc = RuleDoc(
         what=(
             "Reports a running total or list inside a loop that collects a loss tensor that is "
@@ -567,6 +588,21 @@ class LossAccumulatedWithGraph(Rule):
             "    optimizer.zero_grad()\n"
             "    total_loss += loss.item()  # or loss.detach() to avoid a sync per step"
         ),
+        fix_safety=(
+            "The fix appends `.item()` or `.detach()` to the loss where it is added or appended. It "
+            "looks at every use of the total in the same function: when each one also works with a "
+            "Python number (arithmetic, comparisons, f-strings, `print`, `float`, `sum`, `len`, "
+            "`math`/`numpy`/`statistics`, logger and `add_scalar` calls) and the total starts as a "
+            "number or an empty list, it uses `.item()`; otherwise (`torch.stack(losses)`, "
+            "`total.item()`, `dist.all_reduce(total)`, a method called on the loss, or a use it "
+            "cannot classify) it uses `.detach()`. `.detach()` is safe: the total keeps its value, "
+            "dtype, device and type and only stops recording the graph, which nothing needs (the "
+            "rule only reports totals that are not backpropagated in the function); it is marked "
+            "unsafe when the total leaves the function (returned, stored on `self` or in a "
+            "container), where code out of sight might still differentiate it. `.item()` is always "
+            "unsafe: the total becomes a Python float, accumulated in double precision, each call "
+            "waits for the GPU, and it raises if the loss has more than one element."
+        ),
         references=(
             "https://pytorch.org/docs/stable/notes/faq.html#my-model-reports-cuda-runtime-error-2-out-of-memory",
         ),
@@ -600,6 +636,12 @@ class LossAccumulatedWithGraph(Rule):
         "    with torch.no_grad():\n        total += loss",
     )
     invalid = (
+        # reset once per epoch, accumulated over the whole data loader
+        Invalid(
+            "for epoch in range(3):\n    running_loss = 0.0\n    for x, y in train_loader:\n"
+            "        loss = crit(model(x), y)\n        loss.backward()\n        running_loss += loss",
+            line=6,
+        ),
         Invalid(
             "total_loss = 0\nfor x, y in loader:\n    loss = crit(model(x), y)\n    loss.backward()\n"
             "    total_loss += loss",
@@ -669,6 +711,7 @@ class LossAccumulatedWithGraph(Rule):
                     f"{snippet(model, statement, 'This running total')} keeps every iteration's autograd "
                     f"graph alive through `{key}`; accumulate `{key}.item()` or `{key}.detach()` instead.",
                     related=((backward.node, "the loss is backpropagated here"),),
+                    fix=detach_fix(model, site, target, added, key, is_list=isinstance(statement, cst.Call)),
                 )
                 break
 
@@ -770,8 +813,17 @@ class LossAccumulatedWithGraph(Rule):
     @staticmethod
     def _reset_in_loop(model: FileModel, site: Site, target: str) -> bool:
         """``target = ...`` (a plain assignment) inside a loop around the addition: the total then
-        lives for one iteration of that loop only."""
-        loops = {id(f.node) for f in site.frames if f.kind == "loop"}
+        lives for one iteration of that loop only. Not when the addition's own loop walks a data
+        loader: a total reset once per epoch still holds a whole epoch of graphs."""
+        loop_frames = [f for f in site.frames if f.kind == "loop"]
+        innermost = loop_frames[-1].node if loop_frames else None
+        if isinstance(innermost, cst.For) and any(
+            isinstance(n, cst.Name | cst.Attribute)
+            and "loader" in (dotted(n) or "").rsplit(".", 1)[-1].lower()
+            for n in walk(innermost.iter)
+        ):
+            return False
+        loops = {id(f.node) for f in loop_frames}
         for other in model.assigns:
             if other is site or other.scope is not site.scope or not isinstance(other.node, cst.Assign):
                 continue
@@ -819,6 +871,217 @@ def _references(
         yield from _references(model, child, key, scope, detached)
 
 
+# How the running total is used elsewhere in its scope decides between `.item()` and `.detach()`.
+LIST_METHODS = frozenset({"append", "extend", "insert", "clear", "copy", "pop", "remove", "reverse", "count"})
+NUMBER_FUNCTIONS = frozenset(
+    {
+        "builtins.print", "builtins.float", "builtins.int", "builtins.round", "builtins.str",
+        "builtins.len", "builtins.format", "builtins.repr", "builtins.bool",
+    }
+)  # fmt: skip
+PASS_THROUGH_FUNCTIONS = frozenset(
+    {"builtins.sum", "builtins.min", "builtins.max", "builtins.abs", "builtins.sorted"}
+)
+NUMBER_MODULES = ("math.", "numpy.", "statistics.")
+# Method calls that accept a Python number as well as a tensor (loggers, progress bars, formatting).
+LOGGING_METHODS = frozenset(
+    {
+        "log", "info", "debug", "warning", "warn", "error", "write", "add_scalar", "add_scalars",
+        "log_metrics", "log_dict", "set_postfix", "set_description", "format",
+    }
+)  # fmt: skip
+TENSOR_WORDS = ("reduce", "gather", "broadcast", "tensor", "stack", "sync")
+NOT_REFERENCES = (cst.Param, cst.FunctionDef, cst.ClassDef, cst.ImportAlias, cst.AsName, cst.NameItem)
+
+
+def _parents(root: cst.CSTNode) -> dict[int, cst.CSTNode]:
+    """Parent of every syntax node of ``root``'s own scope (nested defs, classes, lambdas are not
+    entered), keyed by ``id``."""
+    out: dict[int, cst.CSTNode] = {}
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        for child in children(node):
+            out[id(child)] = node
+            if not isinstance(child, cst.FunctionDef | cst.ClassDef | cst.Lambda):
+                stack.append(child)
+    return out
+
+
+def _name_references(parents: dict[int, cst.CSTNode], root: cst.CSTNode) -> dict[str, list[cst.Name]]:
+    out: dict[str, list[cst.Name]] = {}
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        for child in children(node):
+            if isinstance(child, cst.FunctionDef | cst.ClassDef | cst.Lambda):
+                continue
+            if isinstance(child, cst.Name):
+                parent = parents.get(id(child))
+                if isinstance(parent, NOT_REFERENCES) or (
+                    isinstance(parent, cst.Attribute) and parent.attr is child
+                ):
+                    continue
+                if isinstance(parent, cst.Arg) and parent.keyword is child:
+                    continue
+                out.setdefault(child.value, []).append(child)
+            stack.append(child)
+    return out
+
+
+@dataclass
+class _Uses:
+    """What the uses of a running total in its scope allow: ``kinds`` holds ``number`` (works with a
+    Python float), ``tensor`` (needs a tensor), ``escape`` (leaves the scope: returned, stored on an
+    object or in a container) and ``unknown``."""
+
+    model: FileModel
+    scope: Scope
+    parents: dict[int, cst.CSTNode]
+    names: dict[str, list[cst.Name]]
+
+    def of_total(self, target: str, is_list: bool) -> set[str]:
+        scope = self.scope
+        if "." in target or "[" in target:
+            return {"escape"}  # self.total, stats["loss"]: visible beyond the scope
+        bindings = scope.bindings.get(target)
+        if not bindings or target in scope.global_names or target in scope.nonlocal_names:
+            return {"escape"}
+        kinds: set[str] = set()
+        for binding in bindings:
+            if binding.kind == "param":
+                kinds.add("escape")
+            elif binding.kind != "assign":
+                kinds.add("unknown")
+            elif not self._self_update(binding.value, target):
+                kinds.add(self._initial(binding.value, is_list))
+        for name in self.names.get(target, ()):
+            kinds.add(self._use(name, target, is_list, 0))
+        kinds.discard("write")
+        return kinds
+
+    def _initial(self, value: cst.BaseExpression | None, is_list: bool) -> str:
+        if is_list:
+            return "number" if isinstance(value, cst.List) and not value.elements else "unknown"
+        if is_number(value):
+            return "number"
+        if isinstance(value, cst.Call) and (self.model.qualname(value.func, self.scope) or "").startswith(
+            "torch."
+        ):
+            return "tensor"
+        return "unknown"
+
+    @staticmethod
+    def _self_update(value: cst.BaseExpression | None, target: str) -> bool:
+        return isinstance(value, cst.BinaryOperation) and target in (dotted(value.left), dotted(value.right))
+
+    def _use(self, node: cst.CSTNode, target: str, is_list: bool, depth: int) -> str:
+        parents = self.parents
+        current = node
+        element = not is_list  # the value in hand is a number or a tensor, not the list holding them
+        for _ in range(64):
+            parent = parents.get(id(current))
+            if parent is None:
+                return "unknown"
+            if isinstance(parent, cst.Attribute):
+                return "number" if not element and parent.attr.value in LIST_METHODS else "tensor"
+            if isinstance(parent, cst.Subscript) and parent.value is current:
+                if element:
+                    return "tensor"
+                element = True
+            elif isinstance(parent, cst.BinaryOperation | cst.UnaryOperation) and element:
+                pass
+            elif isinstance(parent, cst.IfExp) and parent.test is not current:
+                pass
+            elif isinstance(
+                parent, cst.Element | cst.DictElement | cst.List | cst.Tuple | cst.Dict | cst.Set
+            ):
+                pass  # a display holding the value: what happens to the display decides
+            elif isinstance(parent, cst.Arg):
+                call = parents.get(id(parent))
+                if not isinstance(call, cst.Call):
+                    return "unknown"
+                kind = self._call(call)
+                if kind != "through":
+                    return kind
+                parent, element = call, True
+            elif isinstance(parent, cst.AugAssign | cst.AssignTarget):
+                return "write" if getattr(parent, "target", None) is current else "unknown"
+            elif isinstance(parent, cst.Assign):
+                return self._assigned(parent, target, not element, depth)
+            elif isinstance(parent, cst.Return | cst.Yield):
+                return "escape"
+            elif isinstance(
+                parent, cst.Comparison | cst.ComparisonTarget | cst.FormattedStringExpression | cst.Expr
+            ):
+                return "number"
+            elif isinstance(parent, cst.If | cst.While | cst.IfExp | cst.Assert):
+                return "number"  # as a condition
+            else:
+                return "unknown"
+            current = parent
+        return "unknown"
+
+    def _assigned(self, assign: cst.Assign, target: str, is_list: bool, depth: int) -> str:
+        targets = [t.target for t in assign.targets]
+        if not all(isinstance(t, cst.Name) for t in targets):
+            return "escape"  # self.loss = total, metrics["loss"] = total
+        if any(t.value == target for t in targets):  # type: ignore[union-attr]
+            return "write"  # total = total + ...
+        if depth >= 2:
+            return "unknown"
+        kinds = {
+            self._use(ref, t.value, is_list, depth + 1)  # type: ignore[union-attr]
+            for t in targets
+            for ref in self.names.get(t.value, ())  # type: ignore[union-attr]
+        } - {"write"}
+        for worst in ("escape", "tensor", "unknown"):
+            if worst in kinds:
+                return worst
+        return "number"
+
+    def _call(self, call: cst.Call) -> str:
+        callee = self.model.qualname(call.func, self.scope) or ""
+        name = (attr_name(call) or "").lower()
+        if callee.startswith("torch.") or any(word in name for word in TENSOR_WORDS):
+            return "tensor"
+        if callee in PASS_THROUGH_FUNCTIONS:
+            return "through"
+        if callee in NUMBER_FUNCTIONS or callee.startswith(NUMBER_MODULES):
+            return "number"
+        if isinstance(call.func, cst.Attribute) and name in LOGGING_METHODS:
+            return "number"
+        return "unknown"
+
+
+def detach_fix(
+    model: FileModel, site: Site, target: str, added: cst.BaseExpression, key: str, is_list: bool
+) -> FixSpec | None:
+    """Append ``.item()`` or ``.detach()`` to every attached reference of ``key`` in ``added``."""
+    refs = [node for node, detached in _references(model, added, key, site.scope, False) if not detached]
+    if not refs:
+        return None
+    parents = _parents(site.scope.node)
+    receivers = any(
+        isinstance(parents.get(id(ref)), cst.Attribute | cst.Subscript)
+        and getattr(parents.get(id(ref)), "value", None) is ref
+        for ref in refs
+    )
+    uses = _Uses(model, site.scope, parents, _name_references(parents, site.scope.node)).of_total(
+        target, is_list
+    )
+    if not receivers and uses <= {"number"}:
+        method, applicability = "item", Applicability.UNSAFE
+    else:
+        method = "detach"
+        applicability = Applicability.UNSAFE if "escape" in uses else Applicability.SAFE
+    return FixSpec(
+        applicability,
+        f"Accumulate `{key}.{method}()` instead of `{key}`",
+        tuple(TextEditSpec(ref, "after", f".{method}()") for ref in refs),
+    )
+
+
 # -- TL303 ------------------------------------------------------------------------------------------------
 
 
@@ -839,6 +1102,7 @@ class ZeroGradEveryMicrostep(Rule):
         "zero_grad() runs on every iteration while step() runs only at the end of an accumulation window."
     )
     tokens = ("zero_grad",)
+    has_fix = True
     doc = RuleDoc(
         what=(
             "Reports `optimizer.zero_grad()` (or `model.zero_grad()` for the model that optimizer "
@@ -872,6 +1136,17 @@ class ZeroGradEveryMicrostep(Rule):
             "    if (i + 1) % accum_steps == 0:\n"
             "        optimizer.step()\n"
             "        optimizer.zero_grad()"
+        ),
+        fix_safety=(
+            "The fix moves the `zero_grad()` line (with its trailing comment) to right after the step "
+            "line, inside the branch that steps. It is offered only when that is the loop's one step "
+            "of that optimizer, both calls stand alone on their lines, and the `zero_grad()` sits "
+            "directly in the loop body (or in a `with` block there) that keeps another statement. It "
+            "is unsafe because it changes when gradients are cleared beyond the bug itself: code that "
+            "reads `.grad` after the step in the same iteration now sees it cleared, and gradients "
+            "from before the loop or from an incomplete window at the end of the previous epoch are no "
+            "longer cleared at the start of the next window (add a `zero_grad()` before the loop if "
+            "that matters)."
         ),
     )
     valid = (
@@ -992,7 +1267,47 @@ class ZeroGradEveryMicrostep(Rule):
                     "microbatch's gradients are thrown away; call it right after the step, under the "
                     "same condition.",
                     related=((step.site.node, "the optimizer steps here, under an accumulation condition"),),
+                    fix=self._move_fix(model, training, zero, step, loop),
                 )
+
+    @staticmethod
+    def _move_fix(model: FileModel, training, zero: Event, step: Event, loop: Frame) -> FixSpec | None:
+        """Move the ``zero_grad()`` line to right after the step line. Only when the step is the one
+        step of that optimizer in the loop, both calls stand alone on their lines, the ``zero_grad()``
+        sits in the loop body (or a ``with`` block in it) and its block keeps another statement."""
+        key = dotted(_optimizer_expr(step))
+        steps = [
+            e
+            for e in training.events_in(step.site.scope, "step", "scaler_step")
+            if in_loop(e.site, loop) and dotted(_optimizer_expr(e)) == key
+        ]
+        zero_statement, step_statement = zero.site.statement, step.site.statement
+        if (
+            steps != [step]
+            or not standalone_call(zero_statement, zero.call)
+            or not standalone_call(step_statement, step.call)
+            or any(f.kind != "with" for f in frames_inside(zero.site, loop))
+        ):
+            return None
+        block = block_of(zero.site.scope.node, zero_statement)
+        if not isinstance(block, cst.IndentedBlock) or len(block.body) < 2:
+            return None
+        indent = line_indent(model, step_statement)
+        moved = reindented(model, zero_statement, indent) if indent is not None else None
+        if moved is None or line_indent(model, zero_statement) is None:
+            return None
+        content = "".join(line + "\n" for line in whole_lines(model, step_statement)) + moved
+        if ends_file(model, step_statement):
+            content = content[:-1]
+        return FixSpec(
+            Applicability.UNSAFE,
+            f"Move `{model.code(zero.call.func)}()` right after the step on line "
+            f"{model.position(step.call).start.line}",
+            (
+                TextEditSpec(zero_statement, "delete_lines", ""),
+                TextEditSpec(step_statement, "delete_lines", content),
+            ),
+        )
 
     @staticmethod
     def _backward_every_iteration(training, scope: Scope, loop: Frame, condition: Frame) -> bool:

@@ -8,6 +8,7 @@ import libcst as cst
 
 from trainlint.events import Event, Training, first_arg
 from trainlint.model import (
+    LINE_BREAK,
     FileModel,
     Frame,
     Scope,
@@ -69,6 +70,38 @@ def block_of(root: cst.CSTNode, statement: cst.CSTNode) -> cst.CSTNode | None:
         if isinstance(node, cst.IndentedBlock | cst.Module) and any(s is statement for s in node.body):
             return node
     return None
+
+
+def whole_lines(model: FileModel, node: cst.CSTNode) -> list[str]:
+    """The physical lines ``node`` spans, trailing comment included, without their line breaks."""
+    pos = model.position(node)
+    return model.lines[pos.start.line - 1 : pos.end.line]
+
+
+def ends_file(model: FileModel, node: cst.CSTNode) -> bool:
+    """``node`` sits on the file's last line and that line has no line break."""
+    return model.position(node).end.line == len(model.lines) and model.lines[-1] != ""
+
+
+def line_indent(model: FileModel, node: cst.CSTNode) -> str | None:
+    """The whitespace before ``node`` on its first line, or None when something else precedes it."""
+    prefix = whole_lines(model, node)[0][: model.position(node).start.column]
+    return prefix if prefix.strip(" \t\f") == "" else None
+
+
+def reindented(model: FileModel, statement: cst.CSTNode, indent: str) -> str | None:
+    """The whole lines of ``statement`` (trailing comment included), each line that starts with the
+    statement's own indentation moved to ``indent``, each ending in a newline: the content of a
+    ``delete_lines`` edit that puts the statement somewhere else. None when the statement does not
+    start its line or a string literal spans lines (re-indenting would change the string)."""
+    own = line_indent(model, statement)
+    if own is None:
+        return None
+    for node in walk(statement):
+        if isinstance(node, cst.SimpleString | cst.FormattedString) and LINE_BREAK.search(model.code(node)):
+            return None
+    lines = whole_lines(model, statement)
+    return "".join((indent + line[len(own) :] if line.startswith(own) else line) + "\n" for line in lines)
 
 
 def loop_frames(frames: tuple[Frame, ...]) -> list[int]:
@@ -1093,29 +1126,14 @@ def scope_autocasts(model: FileModel, scope: Scope) -> list[Site]:
 
 
 def delete_statement(model: FileModel, root: cst.CSTNode, statement: cst.CSTNode) -> TextEditSpec | None:
-    """An edit removing ``statement`` with its whole lines: the enclosing block is rewritten without
-    them (``pass`` stands in when it was the block's only statement)."""
+    """An edit removing ``statement`` with its whole lines (its trailing comment goes with it; the
+    comment lines around it stay). ``pass`` stands in when it is its block's only statement."""
     block = block_of(root, statement)
-    if block is None:
+    if block is None or line_indent(model, statement) is None:
         return None
     if len(block.body) == 1:
         return TextEditSpec(statement, "replace", "pass")
-    if isinstance(block, cst.Module):
-        return None  # the module's range has no natural anchor; leave module-level code alone
-    text = source_text(model, block)
-    lines = text.splitlines(keepends=True)
-    base = model.position(block).start.line
-    pos = model.position(statement)
-    first, last = pos.start.line - base, pos.end.line - base
-    if block.body[0] is statement:
-        kept = lines[last + 1 :]
-        kept[0] = kept[0].lstrip(" \t")
-    elif block.body[-1] is statement:
-        kept = lines[:first]
-        kept[-1] = kept[-1].rstrip("\r\n")
-    else:
-        kept = lines[:first] + lines[last + 1 :]
-    return TextEditSpec(block, "replace", "".join(kept))
+    return TextEditSpec(statement, "delete_lines", "")
 
 
 def standalone_call(statement: cst.CSTNode, call: cst.Call) -> bool:
@@ -1550,9 +1568,12 @@ class UnscaleTwice(Rule):
             "scaler.update()"
         ),
         fix_safety=(
-            "The fix removes the second `unscale_` line. It is safe: the gradients are already "
-            "unscaled at that point, and the call can only raise. It is offered only when the call "
-            "stands alone on its line inside a block; the per-micro-step form has no automatic fix."
+            "The fix deletes the line of the second `unscale_` call (with its trailing comment; a "
+            "`pass` takes its place when it is the only statement of its block). It is safe: the "
+            "gradients are already unscaled at that point, so the call can only raise, and removing "
+            "it changes nothing else. It is offered only when the call stands alone on its line; the "
+            "per-micro-step form has no automatic fix, because moving `unscale_` under the "
+            "accumulation condition needs a decision about the clip that uses it."
         ),
         references=("https://pytorch.org/docs/stable/amp.html#torch.amp.GradScaler.unscale_",),
     )
@@ -1722,6 +1743,7 @@ class BackwardInsideAutocast(Rule):
     severity = Severity.WARNING
     summary = "backward() called inside an autocast region."
     tokens = ("autocast",)
+    has_fix = True
     doc = RuleDoc(
         what=(
             "Reports `.backward()` and `scaler.scale(loss).backward()` written inside a `with "
@@ -1746,6 +1768,18 @@ class BackwardInsideAutocast(Rule):
             "with torch.autocast('cuda', dtype=torch.bfloat16):\n"
             "    loss = loss_fn(model(x), y)\n"
             "loss.backward()"
+        ),
+        fix_safety=(
+            "The fix moves the backward line (with its trailing comment) out of the `with` block to "
+            "just after it, at the `with` statement's indentation; the only thing that now runs "
+            "before it is the region's exit. It is offered only when the backward is the block's last "
+            "statement and stands alone on its line, the block keeps another statement, every context "
+            "manager of that `with` is an autocast (leaving a `model.no_sync()` or a timer as well "
+            "would change more than precision), and no other enabled autocast region surrounds it. It "
+            "is unsafe: the backward now runs with autocast off, which is the point, but code that "
+            "runs during backward and follows the caller's autocast state (a custom "
+            "`autograd.Function` without `custom_bwd`, hooks that compute, a `create_graph=True` "
+            "backward for a gradient penalty) can then produce slightly different numbers."
         ),
         references=("https://pytorch.org/docs/stable/amp.html#torch.autocast",),
     )
@@ -1772,6 +1806,13 @@ class BackwardInsideAutocast(Rule):
         "        return self.net(x)\nloss = M()(x).sum()\nloss.backward()",
     )
     invalid = (
+        # the scaled backward of a GradScaler loop, inside torch.amp.autocast
+        Invalid(
+            "import torch\nscaler = torch.amp.GradScaler('cuda')\nfor x in loader:\n"
+            "    with torch.amp.autocast('cuda'):\n        loss = model(x).mean()\n"
+            "        scaler.scale(loss).backward()\n    scaler.step(opt)\n    scaler.update()",
+            line=6,
+        ),
         Invalid(
             "import torch\nwith torch.autocast('cuda', dtype=torch.bfloat16):\n    loss = loss_fn(model(x), y)\n"
             "    loss.backward()",
@@ -1829,7 +1870,58 @@ class BackwardInsideAutocast(Rule):
                 "(backward ops already follow the dtype of their forward ops); call backward after the "
                 "autocast block.",
                 related=((innermost, "autocast region opened here"),),
+                fix=self._move_out_fix(model, event, regions),
             )
+
+    @staticmethod
+    def _move_out_fix(model: FileModel, event: Event, regions: list[tuple[cst.Call, bool]]) -> FixSpec | None:
+        """Dedent the backward line out of the ``with`` block it ends: the same as deleting it and
+        inserting it after the block. Only for a ``with`` all of whose items are autocast (moving out
+        of ``model.no_sync()`` or a timer would change more), that keeps another statement, and
+        around which no other enabled autocast region remains."""
+        site = event.site
+        statement = site.statement
+        if not site.frames or not standalone_call(statement, event.call):
+            return None
+        frame = site.frames[-1]
+        block = frame.node.body if isinstance(frame.node, cst.With) else None
+        if (
+            frame.kind != "with"
+            or not isinstance(block, cst.IndentedBlock)
+            or len(block.body) < 2
+            or block.body[-1] is not statement
+        ):
+            return None
+        own = [autocast_call(model, item.item, site.scope) for item in frame.node.items]
+        if any(call is None for call in own):
+            return None
+        outer = [(call, on) for call, on in regions if not any(call is mine for mine in own)]
+        if outer and outer[-1][1]:
+            return None  # still inside an enabled region after the move
+        indent = line_indent(model, frame.node)
+        content = reindented(model, statement, indent) if indent is not None else None
+        if content is None:
+            return None
+        footer = [line.comment for line in block.footer if line.comment is not None]
+        if footer:
+            # comments indented under the block after its last statement stay inside the block
+            anchor = footer[-1]
+            kept = "".join(line + "\n" for line in whole_lines(model, anchor))
+            edits = (
+                TextEditSpec(statement, "delete_lines", ""),
+                TextEditSpec(anchor, "delete_lines", kept + content),
+            )
+        else:
+            edits = (TextEditSpec(statement, "delete_lines", content),)
+            anchor = statement
+        if ends_file(model, anchor):
+            last = edits[-1]
+            edits = (*edits[:-1], TextEditSpec(last.anchor, last.where, last.content[:-1]))
+        return FixSpec(
+            Applicability.UNSAFE,
+            "Move the backward call after the autocast block",
+            edits,
+        )
 
 
 # ----------------------------------------------------------------------------------------------------
