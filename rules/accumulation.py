@@ -549,6 +549,7 @@ class LossAccumulatedWithGraph(Rule):
     id = "TL302"
     name = "loss-accumulated-with-graph"
     severity = Severity.WARNING
+    probe = "tl302"
     summary = "A running loss total keeps every iteration's autograd graph alive."
     tokens = ("backward",)
     has_fix = True
@@ -1098,6 +1099,7 @@ class ZeroGradEveryMicrostep(Rule):
     id = "TL303"
     name = "zero-grad-every-microstep"
     severity = Severity.ERROR
+    probe = "tl303"
     summary = (
         "zero_grad() runs on every iteration while step() runs only at the end of an accumulation window."
     )

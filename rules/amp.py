@@ -1196,6 +1196,7 @@ class StepBypassesScaler(Rule):
     id = "TL102"
     name = "step-bypasses-scaler"
     severity = Severity.ERROR
+    probe = "tl102"
     summary = (
         "optimizer.step() called directly after a loss-scaled backward instead of scaler.step(optimizer)."
     )
@@ -1382,6 +1383,7 @@ class ScalerUpdatePerMicrostep(Rule):
     id = "TL103"
     name = "scaler-update-per-microstep"
     severity = Severity.WARNING
+    probe = "tl103"
     summary = (
         "scaler.update() runs on every micro-step while scaler.step() runs once per accumulation window."
     )
@@ -1532,6 +1534,7 @@ class UnscaleTwice(Rule):
     id = "TL104"
     name = "unscale-twice"
     severity = Severity.ERROR
+    probe = "tl104"
     summary = "scaler.unscale_(optimizer) called twice for one optimizer without scaler.update() in between."
     tokens = ("unscale_",)
     has_fix = True

@@ -558,6 +558,7 @@ class CheckpointRngNotPreserved(Rule):
     id = "TL204"
     name = "checkpoint-rng-not-preserved"
     severity = Severity.ERROR
+    probe = "tl204"
     summary = "preserve_rng_state=False on a checkpointed function that draws random numbers."
     tokens = ("preserve_rng_state",)
     doc = RuleDoc(

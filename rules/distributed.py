@@ -85,6 +85,7 @@ class DdpAccumulationWithoutNoSync(Rule):
     id = "TL501"
     name = "ddp-accumulation-without-no-sync"
     severity = Severity.WARNING
+    probe = "tl501"
     summary = "Gradient accumulation on a DistributedDataParallel model without no_sync(): all-reduce on every microbatch."
     tokens = ("DistributedDataParallel", "DDP")
     doc = RuleDoc(
@@ -286,6 +287,7 @@ class TokenMeanNotGlobal(Rule):
     id = "TL502"
     name = "token-mean-not-global"
     severity = Severity.WARNING
+    probe = "tl502"
     summary = "A loss normalised by the local token count under data parallelism: ranks with fewer tokens weigh more."
     tokens = ("sum", "count_nonzero")
     doc = RuleDoc(

@@ -78,7 +78,39 @@ class ProbeContext:
         return self._variants[new_text]
 
     def fix_edits(self) -> list[TextEdit]:
+        """The finding's fix, each edit narrowed to the text it really changes (a fix that rewrites a
+        whole block to delete one line becomes that deletion), so that it fits in a step window."""
         fix = self.finding.fix
         if fix is None:
             return []
-        return [TextEdit(e.line, e.column, e.end_line, e.end_column, e.content) for e in fix.edits]
+        return [
+            minimal_edit(self.text, TextEdit(e.line, e.column, e.end_line, e.end_column, e.content))
+            for e in fix.edits
+        ]
+
+
+def minimal_edit(text: str, edit: TextEdit) -> TextEdit:
+    """The same change as ``edit`` with the unchanged text at both ends left out."""
+    starts = [0]
+    for line in text.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+    begin = starts[edit.line - 1] + edit.column - 1
+    end = starts[edit.end_line - 1] + edit.end_column - 1
+    old, new = text[begin:end], edit.content
+    prefix = 0
+    while prefix < min(len(old), len(new)) and old[prefix] == new[prefix]:
+        prefix += 1
+    suffix = 0
+    while suffix < min(len(old), len(new)) - prefix and old[-1 - suffix] == new[-1 - suffix]:
+        suffix += 1
+
+    def position(offset: int) -> tuple[int, int]:
+        import bisect
+
+        line = bisect.bisect_right(starts, offset) - 1
+        line = min(line, len(starts) - 1)
+        return line + 1, offset - starts[line] + 1
+
+    line, column = position(begin + prefix)
+    end_line, end_column = position(end - suffix)
+    return TextEdit(line, column, end_line, end_column, new[prefix : len(new) - suffix])

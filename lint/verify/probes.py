@@ -719,6 +719,25 @@ def _library_callable(model: FileModel, scope, name: str) -> bool:
     return False
 
 
+def _int_value(expr: cst.BaseExpression) -> int | None:
+    """The value of an integer literal or of literal integer arithmetic (``5 * 8``)."""
+    if isinstance(expr, cst.Integer):
+        return int(expr.value, 0)
+    if isinstance(expr, cst.BinaryOperation):
+        left, right = _int_value(expr.left), _int_value(expr.right)
+        if left is None or right is None:
+            return None
+        if isinstance(expr.operator, cst.Add):
+            return left + right
+        if isinstance(expr.operator, cst.Subtract):
+            return left - right
+        if isinstance(expr.operator, cst.Multiply):
+            return left * right
+        if isinstance(expr.operator, cst.FloorDivide) and right:
+            return left // right
+    return None
+
+
 def _accumulation_count(model: FileModel, scope, divisor: cst.BaseExpression) -> tuple[int, list[str]]:
     """K as the file defines it (a literal, a local constant or parameter default, an argparse
     default), else 4, with a note saying where it came from."""
@@ -733,6 +752,8 @@ def _accumulation_count(model: FileModel, scope, divisor: cst.BaseExpression) ->
         if value is not None and value.isdigit():
             return int(value), []
         values = model.values_of(divisor, scope)
+        if len(values) == 1 and _int_value(values[0]) is not None:
+            return int(_int_value(values[0])), []  # type: ignore[arg-type]
         if len(values) == 1 and dotted(values[0]):
             candidates.append(dotted(values[0]) or "")
     elif dotted(divisor):
@@ -745,13 +766,10 @@ def _accumulation_count(model: FileModel, scope, divisor: cst.BaseExpression) ->
     return 4, [f"`{text}` taken as 4 (its value is not in the file)"]
 
 
-def tl301(ctx: ProbeContext) -> dict[str, Any]:
-    """K microbatches with uneven valid-token counts through the user's loss code and division vs
-    one big batch (K = 1); the fix weighs each microbatch by its share of the window's tokens."""
+def division_statements(ctx: ProbeContext, division) -> tuple[cst.CSTNode, list[Region], list[TextEdit]]:
+    """The statement holding a loss division and the earlier statements of its block that compute
+    what it divides (data loading left out): (statement, region, edits blanking skipped lines)."""
     model = ctx.model
-    division = _division_at(ctx)
-    site = division.site
-    scope = site.scope
     stmt = ctx.tree.statement_of(division.node)
     _, body = ctx.tree.block_of(stmt)
     index = [id(s) for s in body].index(id(stmt))
@@ -766,11 +784,6 @@ def tl301(ctx: ProbeContext) -> dict[str, Any]:
         start = i
         needed |= set(analyse_names(code_of_nodes(body[i : index + 1])).free)
     kept = [s for s in body[start : index + 1] if s is stmt or s is body[start] or not _loads_data(model, s)]
-    k_value, notes = _accumulation_count(model, scope, division.divisor)
-    divisor_text = model.code(division.divisor)
-    if k_value < 2:
-        raise NotExecutable(f"the accumulation count `{divisor_text}` is {k_value}: nothing is accumulated")
-    k_value = min(k_value, 16)
     regions = [Region(model.position(kept[0]).start.line, model.position(kept[-1]).end.line)]
     lines = model.source.splitlines(keepends=True)
     keep_lines = {
@@ -782,6 +795,52 @@ def tl301(ctx: ProbeContext) -> dict[str, Any]:
         for ln in range(regions[0].start, regions[0].end + 1)
         if ln not in keep_lines and lines[ln - 1].strip()
     ]
+    return stmt, regions, blank
+
+
+def token_lines(free: list[str]) -> list[str]:
+    """Bind the token-data names a loss window reads to the current microbatch ``__tl_mb__``."""
+    out = []
+    for name in free:
+        if name in TOKEN_INPUTS:
+            out.append(f"{name} = __tl_mb__['input_ids']")
+        elif name in TOKEN_LABELS:
+            out.append(f"{name} = __tl_mb__['labels']")
+        elif name in TOKEN_MASKS:
+            out.append(f"{name} = __tl_mb__['attention_mask']")
+        elif name in BATCH_NAMES:
+            out.append(f"{name} = dict(__tl_mb__)")
+    return out
+
+
+def loss_target(division, stmt: cst.CSTNode) -> str | None:
+    """The name to backpropagate after the division's statement (None when it backpropagates)."""
+    stmt_code = code_of_nodes([stmt])
+    if "backward(" in stmt_code:
+        return None
+    target = None
+    if isinstance(division.node, cst.AugAssign) and isinstance(division.node.target, cst.Name):
+        target = division.node.target.value
+    elif isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assign):
+        t = stmt.body[0].targets[0].target
+        target = t.value if isinstance(t, cst.Name) else None
+    if target is None:
+        raise NotExecutable("the divided loss is neither assigned to a name nor backpropagated")
+    return target
+
+
+def tl301(ctx: ProbeContext) -> dict[str, Any]:
+    """K microbatches with uneven valid-token counts through the user's loss code and division vs
+    one big batch (K = 1); the fix weighs each microbatch by its share of the window's tokens."""
+    model = ctx.model
+    division = _division_at(ctx)
+    scope = division.site.scope
+    stmt, regions, blank = division_statements(ctx, division)
+    k_value, notes = _accumulation_count(model, scope, division.divisor)
+    divisor_text = model.code(division.divisor)
+    if k_value < 2:
+        raise NotExecutable(f"the accumulation count `{divisor_text}` is {k_value}: nothing is accumulated")
+    k_value = min(k_value, 16)
     weight = f"({model.code(division.dividend)}) * __tl__.token_weight()"
     if isinstance(division.node, cst.AugAssign):
         fixed_edit = replace_node(
@@ -800,33 +859,14 @@ def tl301(ctx: ProbeContext) -> dict[str, Any]:
     callers = [c for c in _model_calls(parsed) if not _library_callable(model, scope, c)]
     if not callers:
         raise NotExecutable("no model call on token data found before the division")
-    stmt_code = code_of_nodes([stmt])
-    backward_inside = ".backward(" in stmt_code or "backward(" in stmt_code
-    target = None
-    if not backward_inside:
-        if isinstance(division.node, cst.AugAssign) and isinstance(division.node.target, cst.Name):
-            target = division.node.target.value
-        elif isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assign):
-            t = stmt.body[0].targets[0].target
-            target = t.value if isinstance(t, cst.Name) else None
-        if target is None:
-            raise NotExecutable("the divided loss is neither assigned to a name nor backpropagated")
+    target = loss_target(division, stmt)
     programs = {}
     for name, window in windows.items():
         roles: dict[str, str] = {}
         for caller in callers:
             roles[caller] = f"__tl__.TinyLM({_model_call_mode(parsed, caller)!r})"
         names = analyse_names(window)
-        per_micro = []
-        for free in names.free:
-            if free in TOKEN_INPUTS:
-                per_micro.append(f"{free} = __tl_mb__['input_ids']")
-            elif free in TOKEN_LABELS:
-                per_micro.append(f"{free} = __tl_mb__['labels']")
-            elif free in TOKEN_MASKS:
-                per_micro.append(f"{free} = __tl_mb__['attention_mask']")
-            elif free in BATCH_NAMES:
-                per_micro.append(f"{free} = dict(__tl_mb__)")
+        per_micro = token_lines(names.free)
         micro_names = {line.split(" = ")[0] for line in per_micro}
         k_here = 1 if name == "reference" else k_value
         for n in names.free:
@@ -970,3 +1010,40 @@ def tl105(ctx: ProbeContext) -> dict[str, Any]:
     if uses_scaler:
         notes.append("with the file's GradScaler")
     return {"driver": "half", "programs": programs, "notes": notes}
+
+
+# --------------------------------------------------------------------------------------------------
+# TL204: checkpoint without the RNG state
+
+
+def tl204(ctx: ProbeContext) -> dict[str, Any]:
+    """The checkpoint call with ``preserve_rng_state=False`` as written vs the plain call, and with the
+    RNG state preserved (the argument set to its default, ``True``)."""
+    site = _checkpoint_site(ctx)
+    arg = keyword(site.node, "preserve_rng_state")  # type: ignore[arg-type]
+    if arg is None:
+        raise NotExecutable("the checkpoint call has no `preserve_rng_state` argument")
+    probe = _checkpoint_probe(ctx, [replace_node(ctx.model, arg.value, "True")])
+    probe["driver"] = "rng"
+    return probe
+
+
+# the rest of the catalog (loops, accumulation, data parallelism)
+from trainlint.verify.catalog import tl102, tl103, tl104, tl302, tl303, tl501, tl502  # noqa: E402
+
+__all__ = [
+    "tl101",
+    "tl102",
+    "tl103",
+    "tl104",
+    "tl105",
+    "tl201",
+    "tl202",
+    "tl203",
+    "tl204",
+    "tl301",
+    "tl302",
+    "tl303",
+    "tl501",
+    "tl502",
+]

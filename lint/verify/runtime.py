@@ -70,6 +70,9 @@ class Unbound:
     __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = __mod__ = __rmod__ = _fail
     __pow__ = __rpow__ = __matmul__ = __rmatmul__ = __neg__ = __pos__ = _fail
     __lt__ = __le__ = __gt__ = __ge__ = _fail
+    __eq__ = __ne__ = _fail  # ``dtype == "float16"`` must not quietly be False
+    __contains__ = _fail
+    __hash__ = object.__hash__
     __enter__ = __exit__ = _fail
 
     def __repr__(self) -> str:
@@ -401,11 +404,12 @@ class Config:
         values = object.__getattribute__(self, "_tl_set")
         if attr in values:
             return values[attr]
-        return (
-            arg(f"{object.__getattribute__(self, '_tl_name')}.{attr}")
-            if not attr.startswith("_")
-            else Unbound(attr)
-        )
+        if attr.startswith("_"):
+            return Unbound(attr)
+        value = arg(f"{object.__getattribute__(self, '_tl_name')}.{attr}")
+        if isinstance(value, Config):  # a nested config keeps what is set on it (self.args.x = 4)
+            values[attr] = value
+        return value
 
     def __setattr__(self, attr: str, value) -> None:
         object.__getattribute__(self, "_tl_set")[attr] = value
@@ -537,6 +541,8 @@ class Backward:
 
     def backward(self, loss, **kwargs):
         loss.backward()
+
+    manual_backward = backward  # Lightning's ``self.manual_backward(loss)``
 
 
 # --------------------------------------------------------------------------------------------------
@@ -722,6 +728,8 @@ def detached(t: torch.Tensor | None):
 def describe_exception(exc: BaseException) -> str:
     if isinstance(exc, UnboundName):
         return f"uses `{exc.args[0]}`, which the harness cannot build"
+    if type(exc) is NameError and getattr(exc, "name", None):
+        return f"uses `{exc.name}`, which the harness cannot build (it is not defined in the file)"
     if isinstance(exc, SystemExit):
         return f"the snippet called sys.exit({exc.code!r})"
     if isinstance(exc, KeyboardInterrupt):
@@ -1341,8 +1349,844 @@ def drive_half(probe: dict) -> dict:
     )
 
 
+# --------------------------------------------------------------------------------------------------
+# loop probes: the user's loop body run for a few iterations (TL102, TL103, TL104, TL302, TL303, TL501)
+
+RANK = 0
+WORLD = 1
+# One step's loss is multiplied by this: finite on its own, its gradients overflow fp32 once multiplied
+# by the loss scale, as fp16 gradients overflow when the scale is too large for them.
+OVERFLOW_FACTOR = 1e36
+_loop: dict = {}
+
+
+def begin_run(model, overflow_iteration: int | None = None) -> None:
+    """Start recording a loop run on ``model`` (the tiny model whose parameters are compared)."""
+    _loop.clear()
+    _loop.update(
+        names={id(p): n for n, p in model.named_parameters()},
+        model=model,
+        iteration=0,
+        loss_calls=0,
+        steps=[],
+        overflow=overflow_iteration,
+        before_overflow=None,
+        census=[],
+        forwards=0,
+        allreduces=0,
+    )
+
+
+def iteration(t: int) -> None:
+    _loop["iteration"] = t
+    if _loop.get("overflow") == t and _loop.get("before_overflow") is None:
+        _loop["before_overflow"] = snapshot(_loop["model"])
+
+
+def micro_loss(model) -> torch.Tensor:
+    """The loss of one microbatch: each call gets the next batch (per rank); on the overflow
+    iteration the loss is made so large that its scaled gradients overflow."""
+    k = _loop.get("loss_calls", 0)
+    _loop["loss_calls"] = k + 1
+    value = loss(model, k + 1000 * RANK, growing=False)
+    if _loop.get("overflow") is not None and _loop.get("iteration") == _loop["overflow"]:
+        value = value * OVERFLOW_FACTOR
+    return value
+
+
+def watch(optimizer, label: str = "optimizer"):
+    """Record the gradients an optimizer applies each time it really steps (a GradScaler that skips
+    a step never calls it)."""
+    if not hasattr(optimizer, "register_step_pre_hook"):
+        return optimizer
+
+    def pre(opt, args, kwargs):
+        names = _loop.get("names", {})
+        grads = {}
+        for group in opt.param_groups:
+            for p in group["params"]:
+                grads[f"grad of {names.get(id(p), f'parameter {len(grads)}')}"] = detached(p.grad)
+        _loop.setdefault("steps", []).append(
+            {
+                "optimizer": label,
+                "iteration": _loop.get("iteration", 0),
+                "forwards": _loop.get("forwards", 0),
+                "allreduces": _loop.get("allreduces", 0),
+                "grads": grads,
+            }
+        )
+
+    optimizer.register_step_pre_hook(pre)
+    return optimizer
+
+
+class NoOp:
+    """Stands for a learning-rate scheduler or progress bar: every method call does nothing."""
+
+    def __init__(self, name: str) -> None:
+        object.__setattr__(self, "_tl_name", name)
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return lambda *args, **kwargs: None
+
+
+class NullContext:
+    """Stands for a context manager the probe cannot build (``with ctx:``): entering it does nothing."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc) -> bool:
+        return False
+
+
+class Loader(Unbound):
+    """The iterable of the user's loop: only its length (the probe's iteration count) is known."""
+
+    def __init__(self, name: str, length: int) -> None:
+        super().__init__(name)
+        object.__setattr__(self, "_tl_len", length)
+
+    def __len__(self) -> int:
+        return object.__getattribute__(self, "_tl_len")
+
+
+def census(ns: dict) -> None:
+    """Count the autograd nodes reachable from every tensor the program holds (TL302)."""
+    roots: list[torch.Tensor] = []
+
+    def collect(value, depth: int) -> None:
+        if isinstance(value, torch.Tensor):
+            roots.append(value)
+        elif depth > 3:
+            return
+        elif isinstance(value, list | tuple):
+            for item in value[:100_000]:
+                collect(item, depth + 1)
+        elif isinstance(value, dict):
+            for item in value.values():
+                collect(item, depth + 1)
+        elif isinstance(value, Config):
+            collect(object.__getattribute__(value, "_tl_set"), depth + 1)
+        elif isinstance(value, Output):
+            collect(dict(vars(value)), depth + 1)
+
+    for key, value in list(ns.items()):
+        if not key.startswith("__"):
+            collect(value, 0)
+    seen: dict[int, object] = {}
+    stack = [t.grad_fn for t in roots if t.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen[id(node)] = node  # keeps the wrapper alive, so that ids are not reused
+        stack.extend(nxt for nxt, _ in getattr(node, "next_functions", ()))
+    _loop.setdefault("census", []).append(len(seen))
+
+
+def _loop_run(ns: dict) -> dict:
+    model = _loop.get("model")
+    params = snapshot(model) if model is not None else {}
+    return {
+        "before": ns.get("__tl_before__", {}),
+        "after": params,
+        "before_overflow": _loop.get("before_overflow"),
+        "steps": list(_loop.get("steps", [])),
+        "census": list(_loop.get("census", [])),
+        "iterations": ns.get("__tl_iterations__"),
+        "loss_calls": _loop.get("loss_calls", 0),
+    }
+
+
+def _non_finite(params: dict) -> int:
+    return sum(int((~torch.isfinite(t)).sum()) for t in params.values())
+
+
+def _compare_finite(got: dict, ref: dict, tol: dict) -> dict:
+    """``compare`` where entries that are NaN/inf on both sides at the same places count as equal."""
+    g2, r2 = {}, {}
+    for name, r in ref.items():
+        g = got.get(name)
+        if isinstance(g, torch.Tensor) and isinstance(r, torch.Tensor) and g.shape == r.shape:
+            both = ~torch.isfinite(g) & ~torch.isfinite(r)
+            g = torch.where(both, torch.zeros_like(g), g)
+            r = torch.where(both, torch.zeros_like(r), r)
+        g2[name], r2[name] = g, r
+    return compare(g2, r2, tol)
+
+
+def _updates(run: dict, until: str = "after") -> dict:
+    before, after = run["before"], run[until]
+    if after is None:
+        return {}
+    return {f"update of {n}": after[n] - before[n] for n in before if n in after}
+
+
+def _loop_variants(probe: dict) -> tuple[dict, dict]:
+    runs: dict[str, dict] = {}
+    failures: dict[str, dict] = {}
+    for name in ("reference", "as_written", "fixed"):
+        program = probe["programs"].get(name)
+        if program is None:
+            continue
+        _loop.clear()
+        try:
+            ns = exec_program(program, name)
+            runs[name] = _loop_run(ns)
+        except VariantFailed as exc:
+            failures[name] = {
+                "text": str(exc),
+                "iteration": _loop.get("iteration", 0),
+                "binding": _is_binding(exc),
+            }
+            if _is_binding(exc):
+                break
+    return runs, failures
+
+
+def _expected_failure(probe: dict, text: str) -> bool:
+    return any(part in text for part in probe.get("expect", []))
+
+
+def _norm_ratio(got: dict, ref: dict) -> float:
+    num = math.sqrt(sum(float((t.double() ** 2).sum()) for t in got.values() if t is not None))
+    den = math.sqrt(sum(float((t.double() ** 2).sum()) for t in ref.values() if t is not None))
+    return num / den if den > 0 else math.inf
+
+
+def _loop_comparison(aw: dict, ref: dict, tol: dict) -> tuple[dict, list[str], bool]:
+    """Evidence and sentences for two loop runs; True when they differ."""
+    ev: dict = {}
+    parts: list[str] = []
+    differs = False
+    n_aw, n_ref = len(aw["steps"]), len(ref["steps"])
+    ev["optimizer_steps"] = {"as_written": n_aw, "reference": n_ref}
+    if n_aw != n_ref:
+        differs = True
+        parts.append(f"the optimizer stepped {n_aw} times instead of {n_ref}")
+    worst = None
+    per_step = []
+    for index, (sa, sr) in enumerate(zip(aw["steps"], ref["steps"], strict=False)):
+        cmp = _compare_finite(sa["grads"], sr["grads"], tol)
+        per_step.append(cmp["max_rel"])
+        if not cmp["match"] and worst is None:
+            worst = (index, cmp)
+    if per_step:
+        ev["applied_gradient_max_rel"] = per_step
+    if worst is not None:
+        differs = True
+        index, cmp = worst
+        ratio = _norm_ratio(aw["steps"][index]["grads"], ref["steps"][index]["grads"])
+        ev["applied_gradient_norm_ratio"] = _num(ratio)
+        if ratio == 0:
+            size = "; no gradient was left for the step"
+        elif math.isfinite(ratio):
+            size = f"; its norm is {ratio:.4g} times the documented one"
+        else:
+            size = ""
+        parts.append(
+            f"the gradient applied at step {index + 1} differs by {pct(cmp['max_rel'])} (max rel){size}"
+        )
+    if ref.get("before_overflow") is not None and aw.get("before_overflow") is not None:
+        early = _compare_finite(_updates(aw, "before_overflow"), _updates(ref, "before_overflow"), tol)
+        ev["update_before_overflow_vs_reference"] = evidence_numbers(early)
+        if not early["match"]:
+            differs = True
+            parts.append(f"the update before the overflow step differs by {pct(early['max_rel'])} (max rel)")
+    update = _compare_finite(_updates(aw), _updates(ref), tol)
+    ev["as_written_vs_reference"] = evidence_numbers(update)
+    bad_aw, bad_ref = _non_finite(aw["after"]), _non_finite(ref["after"])
+    total = sum(t.numel() for t in ref["after"].values())
+    if bad_aw or bad_ref:
+        ev["non_finite_parameters"] = {"as_written": bad_aw, "reference": bad_ref, "of": total}
+    if bad_aw != bad_ref:
+        differs = True
+        parts.append(f"{bad_aw} of {total} parameter entries end up NaN/inf (reference: {bad_ref})")
+    elif not update["match"]:
+        differs = True
+        parts.append(f"the final update differs by {pct(update['max_rel'])} (max rel)")
+    return ev, parts, differs
+
+
+def drive_loop(probe: dict) -> dict:
+    """TL102/TL103/TL104/TL303: the user's loop statements as written vs the documented order (and the
+    fix), run for a few iterations on the tiny model; compares the gradients each optimizer step
+    applied and the final parameters, or reports the documented exception."""
+    runs, failures = _loop_variants(probe)
+    notes = probe.get("notes", [])
+    note_text = f" [{'; '.join(notes)}]" if notes else ""
+    iterations = probe.get("iterations", 0)
+    header = f"over {iterations} iterations"
+    if probe.get("accumulation"):
+        header += f" (accumulation count {probe['accumulation']})"
+    for name in ("reference", "as_written", "fixed"):
+        if name in failures and (name == "reference" or failures[name]["binding"]):
+            return not_executable(failures[name]["text"])
+    tol = {"rtol": 1e-3, "atol": 1e-7}
+    ev: dict = {"tolerance": tol, "iterations": iterations, "loss_scale": LOSS_SCALE}
+    if probe.get("overflow_iteration") is not None:
+        ev["overflow_iteration"] = probe["overflow_iteration"] + 1
+    fixed_ok = False
+    fixed_text = ""
+    if "fixed" in failures:
+        ev["fixed_vs_reference"] = {"exception": failures["fixed"]["text"]}
+        fixed_text = f"; with the fix it raises {failures['fixed']['text'].rstrip('.')}"
+    elif "fixed" in runs:
+        fev, fparts, fdiff = _loop_comparison(runs["fixed"], runs["reference"], tol)
+        ev["fixed_vs_reference"] = fev["as_written_vs_reference"]
+        fixed_ok = not fdiff
+        fixed_text = "; with the fix: " + ("matches the documented order" if fixed_ok else "; ".join(fparts))
+    if "as_written" in failures:
+        failure = failures["as_written"]
+        if not _expected_failure(probe, failure["text"]):
+            return not_executable(f"as written, the loop raises {failure['text']}" + note_text)
+        ev["exception"] = failure["text"]
+        ev["failing_iteration"] = failure["iteration"] + 1
+        return result(
+            "confirmed",
+            f"as written, iteration {failure['iteration'] + 1} raises {failure['text'].rstrip('.')}; in the documented "
+            f"order the same {iterations} iterations run" + fixed_text + note_text,
+            ev,
+            fixed_matches=fixed_ok,
+        )
+    aw, ref = runs["as_written"], runs["reference"]
+    if not ref["steps"]:
+        return not_executable("the optimizer never stepped in the documented order with the stand-ins")
+    cev, parts, differs = _loop_comparison(aw, ref, tol)
+    ev.update(cev)
+    if probe.get("overflow_iteration") is not None:
+        notes = [
+            *notes,
+            f"the loss of iteration {probe['overflow_iteration'] + 1} is multiplied by {OVERFLOW_FACTOR:g} so that "
+            "its scaled gradients overflow, as fp16 gradients do when the scale is too large",
+        ]
+        note_text = f" [{'; '.join(notes)}]"
+    if not differs:
+        return result(
+            "not-reproduced",
+            f"{header}, the loop as written applies the same {len(ref['steps'])} optimizer step(s) as the "
+            f"documented order (max rel {cev['as_written_vs_reference']['max_rel']})"
+            + fixed_text
+            + note_text,
+            ev,
+            fixed_matches=fixed_ok,
+        )
+    return result(
+        "confirmed",
+        f"{header}, as written " + "; ".join(parts) + fixed_text + note_text,
+        ev,
+        fixed_matches=fixed_ok,
+    )
+
+
+def drive_graph(probe: dict) -> dict:
+    """TL302: live autograd nodes after each iteration, as written vs with the added loss detached."""
+    runs, failures = _loop_variants(probe)
+    for name in ("reference", "as_written"):
+        if name in failures:
+            return not_executable(failures[name]["text"])
+    aw, ref = runs["as_written"], runs["reference"]
+    counts_aw, counts_ref = aw["census"], ref["census"]
+    if len(counts_aw) < 3 or len(counts_ref) < 3:
+        return not_executable("the loop did not run long enough to measure its graph")
+    # growth per iteration after the first one (the first iteration builds the steady state)
+    span = len(counts_aw) - 2
+    growth_aw = (counts_aw[-1] - counts_aw[1]) / span
+    growth_ref = (counts_ref[-1] - counts_ref[1]) / span
+    ev = {
+        "live_autograd_nodes": {"as_written": counts_aw, "reference": counts_ref},
+        "growth_per_iteration": {"as_written": _num(growth_aw), "reference": _num(growth_ref)},
+        "iterations": len(counts_aw) - 1,
+    }
+    notes = probe.get("notes", [])
+    note_text = f" [{'; '.join(notes)}]" if notes else ""
+    label = probe.get("total_label", "the running total")
+    if growth_aw > growth_ref:
+        return result(
+            "confirmed",
+            f"after {len(counts_aw) - 1} iterations {counts_aw[-1]} autograd nodes are alive as written vs "
+            f"{counts_ref[-1]} with the loss detached: {label} keeps about {growth_aw - growth_ref:.0f} more "
+            "per iteration" + note_text,
+            ev,
+        )
+    return result(
+        "not-reproduced",
+        f"the number of live autograd nodes does not grow with iterations ({counts_aw[1]} → {counts_aw[-1]}; "
+        f"with the loss detached {counts_ref[1]} → {counts_ref[-1]})" + note_text,
+        ev,
+    )
+
+
+def drive_rng(probe: dict) -> dict:
+    """TL204: the checkpoint with ``preserve_rng_state=False`` vs the plain call (and with the RNG
+    state preserved): gradients computed for a different random draw than the forward used."""
+    roots = probe.get("roots", ["self"])
+    runs, failures, _ = run_variants(
+        probe, ("reference", "as_written", "fixed"), lambda ns: run_grads_variant(ns, roots)
+    )
+    label = probe.get("call_label", "the checkpointed call")
+    if "reference" in failures or "reference" not in runs:
+        return not_executable(failures.get("reference") or failures.get("as_written", "no result"))
+    if "as_written" in failures:
+        return not_executable(f"as written, {label} raises {failures['as_written']}")
+    aw, ref = runs["as_written"], runs["reference"]
+    if probe.get("hit_key") and not aw["hits"].get(probe["hit_key"]):
+        return not_executable(f"{label} did not run with the stand-in values")
+    tol = tolerance(torch.float32)
+    cmp_g = compare(aw["grads"], ref["grads"], tol)
+    cmp_o = compare(aw["outputs"], ref["outputs"], tol)
+    ev: dict = {
+        "as_written_vs_reference": evidence_numbers(_worse(cmp_g, cmp_o)),
+        "outputs_vs_reference": evidence_numbers(cmp_o),
+        "tolerance": tol,
+        "gradients_compared": len(ref["grads"]),
+    }
+    if cmp_g["missing"]:
+        ev["none_gradients"] = [n.removeprefix("grad of ") for n in cmp_g["missing"]]
+    fixed = _fixed_outcome(runs, failures, tol)
+    if fixed:
+        ev["fixed_vs_reference"] = fixed[0]
+    notes = probe.get("notes", [])
+    note_text = f" [{'; '.join(notes)}]" if notes else ""
+    fixed_text = f"; {fixed[1].replace('with the fix', 'with the RNG state preserved')}" if fixed else ""
+    if cmp_g["match"] and cmp_o["match"]:
+        return result(
+            "not-reproduced",
+            f"as written, {label} gives the same outputs and gradients as the plain forward+backward "
+            f"({len(ref['grads'])} gradients, max rel {cmp_g['max_rel']}): the function drew no random "
+            "numbers that matter here" + fixed_text + note_text,
+            ev,
+            fixed_matches=bool(fixed and fixed[2]),
+        )
+    which = cmp_g if not cmp_g["match"] else cmp_o
+    return result(
+        "confirmed",
+        f"as written, recomputation draws new random numbers: {which['worst']} differs from the plain "
+        f"forward+backward by {pct(which['max_rel'])} (max rel) while the forward outputs "
+        + ("match" if cmp_o["match"] else "differ")
+        + fixed_text
+        + note_text,
+        ev,
+        fixed_matches=bool(fixed and fixed[2]),
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# data parallelism: a real two-process gloo group on the loopback interface (TL501, TL502)
+
+DIST_WORLD = 2
+DIST_TIMEOUT_S = 15.0  # a collective that waits longer than this fails (a rank that stopped early)
+WORKER_BOOT = (
+    "import importlib.util, sys\n"
+    "spec = importlib.util.spec_from_file_location('trainlint_verify_runtime', sys.argv[1])\n"
+    "mod = importlib.util.module_from_spec(spec)\n"
+    "sys.modules[spec.name] = mod\n"
+    "spec.loader.exec_module(mod)\n"
+    "raise SystemExit(mod.main(sys.argv[2:]))\n"
+)
+_sync_plan: dict[int, bool] | None = None
+_pool = None
+
+
+class DistUnavailable(Exception):
+    """The two-process group could not run the job (a worker died, or it ran out of time)."""
+
+
+class _Pool:
+    """Two worker processes (ranks 0 and 1) in one gloo process group, kept for the probes of this
+    child. Jobs and results travel through files in a private directory; the group's rendezvous is a
+    ``FileStore`` there, and gloo is bound to the loopback interface: nothing leaves the machine."""
+
+    def __init__(self) -> None:
+        import subprocess
+        import tempfile
+
+        self.dir = tempfile.mkdtemp(prefix="trainlint-dist-", dir=os.getcwd())
+        self.jobs = 0
+        self.started = time.monotonic()
+        env = dict(os.environ)
+        loopback = "lo0" if sys.platform == "darwin" else "lo"
+        env.update({"GLOO_SOCKET_IFNAME": loopback, "MASTER_ADDR": "127.0.0.1", "TP_SOCKET_IFNAME": loopback})
+        path = os.path.abspath(__file__)
+        self.procs = []
+        for rank in range(DIST_WORLD):
+            with open(os.path.join(self.dir, f"stderr{rank}"), "wb") as err:
+                self.procs.append(
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            "-c",
+                            WORKER_BOOT,
+                            path,
+                            "--worker",
+                            str(rank),
+                            str(DIST_WORLD),
+                            self.dir,
+                        ],
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.DEVNULL,
+                        stderr=err,
+                        env=env,
+                        cwd=self.dir,
+                    )
+                )
+
+    def alive(self) -> bool:
+        return all(p.poll() is None for p in self.procs)
+
+    def _tail(self) -> str:
+        lines: list[str] = []
+        for rank in range(DIST_WORLD):
+            try:
+                with open(os.path.join(self.dir, f"stderr{rank}"), encoding="utf-8", errors="replace") as fh:
+                    lines.extend(ln for ln in fh.read().splitlines() if ln.strip())
+            except OSError:
+                pass
+        return " | ".join(lines[-2:])[-300:]
+
+    def run(self, job: dict, budget: float) -> list[dict]:
+        number = self.jobs
+        self.jobs += 1
+        path = os.path.join(self.dir, f"job{number}.json")
+        with open(path + ".tmp", "w", encoding="utf-8") as fh:
+            json.dump(job, fh)
+        os.replace(path + ".tmp", path)
+        for proc in self.procs:
+            assert proc.stdin is not None
+            proc.stdin.write(f"{number}\n".encode())
+            proc.stdin.flush()
+        deadline = time.monotonic() + budget
+        results: list[dict | None] = [None] * DIST_WORLD
+        while True:
+            for rank in range(DIST_WORLD):
+                out = os.path.join(self.dir, f"result{number}-{rank}.json")
+                if results[rank] is None and os.path.exists(out):
+                    with open(out, encoding="utf-8") as fh:
+                        results[rank] = json.load(fh)
+            if all(r is not None for r in results):
+                return results  # type: ignore[return-value]
+            if not self.alive():
+                raise DistUnavailable(
+                    f"a data-parallel worker process stopped ({self._tail() or 'no message'})"
+                )
+            if time.monotonic() > deadline:
+                raise DistUnavailable(f"the two-process run did not finish within {budget:g}s")
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        import shutil
+
+        for proc in self.procs:
+            try:
+                proc.kill()
+            except OSError:
+                pass
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=5)
+            except Exception:
+                pass
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _close_pool() -> None:
+    global _pool
+    if _pool is not None:
+        _pool.close()
+        _pool = None
+
+
+def run_distributed(job: dict) -> list[dict]:
+    """Run ``job`` on both ranks; the pool is started on first use and replaced after a failure. The
+    probe's own alarm ends a run that takes too long (the pool's deadline is only a fallback)."""
+    global _pool
+    remaining = signal.getitimer(signal.ITIMER_REAL)[0]
+    budget = (remaining + 5.0) if remaining > 0 else 60.0
+    if _pool is None or not _pool.alive():
+        _close_pool()
+        _pool = _Pool()
+    try:
+        results = _pool.run(job, budget)
+    except BaseException:
+        _close_pool()
+        raise
+    failed = [r for r in results if r.get("failed")]
+    same = all(
+        (r.get("status"), r.get("detail")) == (results[0].get("status"), results[0].get("detail"))
+        for r in results
+    )
+    if failed and (not same or any(r.get("status") == "error" for r in failed)):
+        _close_pool()  # the ranks may disagree about which collectives ran: start afresh
+    return results
+
+
+def ddp(module: torch.nn.Module) -> torch.nn.Module:
+    """The module in a real ``DistributedDataParallel`` over the gloo group; counts the gradient
+    all-reduces (one per bucket and synchronised backward) and, for the reference run, switches
+    gradient synchronisation on only for the microbatches after which the optimizer steps."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel
+
+    class CountingDDP(DistributedDataParallel):
+        def forward(self, *args, **kwargs):
+            index = _loop.get("forwards", 0)
+            _loop["forwards"] = index + 1
+            if _sync_plan is not None:
+                self.require_backward_grad_sync = bool(_sync_plan.get(index, True))
+            return super().forward(*args, **kwargs)
+
+    wrapped = CountingDDP(module)
+
+    def hook(state, bucket):
+        _loop["allreduces"] = _loop.get("allreduces", 0) + 1
+        return allreduce_hook(state, bucket)
+
+    wrapped.register_comm_hook(None, hook)
+    return wrapped
+
+
+def unwrap(module):
+    return getattr(module, "module", module)
+
+
+def rank_batch() -> dict:
+    """This rank's token batch: the ranks hold different numbers of valid tokens."""
+    return token_batches(WORLD)[RANK]
+
+
+def all_ranks_batch() -> dict:
+    """Every rank's batch in one (the single-process reference)."""
+    return concat_batches(token_batches(DIST_WORLD))
+
+
+def global_count(value):
+    """A token count summed over the ranks (what the documented fix all-reduces)."""
+    import torch.distributed as dist
+
+    count = torch.as_tensor(value, device=DEVICE).detach().clone().float()
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(count)
+    return count
+
+
+def _windows(steps: list[dict]) -> list[int]:
+    out, before = [], 0
+    for step in steps:
+        out.append(step["allreduces"] - before)
+        before = step["allreduces"]
+    return out
+
+
+def _job_sync(probe: dict) -> dict:
+    """TL501 on one rank: the loop as written, then with synchronisation only on the microbatches
+    after which the optimizer steps (what ``no_sync`` on the others gives)."""
+    global _sync_plan
+    runs: dict[str, dict] = {}
+    for name in ("as_written", "reference"):
+        _loop.clear()
+        if name == "reference":
+            stepped = {s["forwards"] - 1 for s in runs["as_written"]["steps"]}
+            _sync_plan = {j: j in stepped for j in range(runs["as_written"]["forwards"])}
+        try:
+            ns = exec_program(probe["programs"][name], name)
+            runs[name] = _loop_run(ns)
+            runs[name]["forwards"] = _loop.get("forwards", 0)
+        except VariantFailed as exc:
+            text = str(exc) if name == "as_written" else f"with no_sync, {exc}"
+            return {"failed": True, **not_executable(text)}
+        finally:
+            _sync_plan = None
+    aw, ref = runs["as_written"], runs["reference"]
+    if not aw["steps"]:
+        return not_executable("the optimizer never stepped in the loop with the stand-ins")
+    tol = {"rtol": 1e-4, "atol": 1e-7}
+    cev, parts, differs = _loop_comparison(aw, ref, tol)
+    per_aw, per_ref = _windows(aw["steps"]), _windows(ref["steps"])
+    ev = {
+        "world_size": WORLD,
+        "backend": "gloo",
+        "iterations": probe.get("iterations"),
+        "allreduces_per_step": {"as_written": per_aw, "with_no_sync": per_ref},
+        "tolerance": tol,
+        **cev,
+    }
+    notes = probe.get("notes", [])
+    note_text = f" [{'; '.join(notes)}]" if notes else ""
+    same = "the gradients applied are the same" if not differs else "; ".join(parts)
+    max_rel = max([0.0, *(x for x in cev.get("applied_gradient_max_rel", []) if isinstance(x, float))])
+    counts = ", ".join(str(c) for c in per_aw)
+    if sum(per_aw) > sum(per_ref):
+        detail = (
+            f"on {WORLD} processes (gloo), the {len(per_aw)} optimizer step(s) were preceded by {counts} gradient "
+            f"all-reduce(s) each as written vs {', '.join(str(c) for c in per_ref)} with synchronisation only on "
+            f"the last microbatch (no_sync on the others); {same} (max rel {_num(max_rel)})"
+        )
+        return result("confirmed", detail + note_text, ev)
+    return result(
+        "not-reproduced",
+        f"on {WORLD} processes (gloo), as written each optimizer step needs {counts} all-reduce(s), as many as "
+        f"with no_sync: every microbatch ends an accumulation window here" + note_text,
+        ev,
+    )
+
+
+def _grads_of(ns: dict) -> dict:
+    params = named_parameters({f"m{i}": unwrap(m) for i, m in enumerate(ns.get("__tl_modules__", []))})
+    return {f"grad of {n.split('.', 1)[1]}": detached(p.grad) for n, p in params.items()}
+
+
+def _job_tokens(probe: dict) -> dict:
+    """TL502 on one rank: this rank's batch through the user's loss code under DDP (as written and
+    with the token count all-reduced), and on rank 0 the single-process reference over every rank's
+    batch."""
+    runs: dict[str, dict] = {}
+    tokens = 0
+    for name in ("as_written", "fixed", "reference"):
+        program = probe["programs"].get(name)
+        if program is None or (name == "reference" and RANK != 0):
+            continue
+        try:
+            counting_pass(True)
+            ns = exec_program(program, name)
+            runs[name] = {"grads": _grads_of(ns)}
+            if name == "as_written":  # the count as the user's code computed it
+                seen = [x for x in _records.get("tokens", []) if x is not None]
+                tokens = _num(seen[0]) if seen else _batch_valid.get(RANK, 0)
+        except VariantFailed as exc:
+            if name == "fixed":
+                runs[name] = {"exception": str(exc)}
+                continue
+            return {"failed": True, "tokens": tokens, **not_executable(str(exc))}
+        finally:
+            counting_pass(False)
+    if RANK != 0:
+        return {"tokens": tokens}
+    tol = {"rtol": 1e-4, "atol": 1e-7}
+    aw, ref = runs["as_written"], runs["reference"]
+    cmp = compare(aw["grads"], ref["grads"], tol)
+    ev: dict = {
+        "world_size": WORLD,
+        "backend": "gloo",
+        "as_written_vs_reference": evidence_numbers(cmp),
+        "tolerance": tol,
+    }
+    fixed_ok = False
+    fixed_text = ""
+    if "fixed" in runs:
+        if "exception" in runs["fixed"]:
+            ev["fixed_vs_reference"] = {"exception": runs["fixed"]["exception"]}
+            fixed_text = f"; with the count all-reduced it raises {runs['fixed']['exception']}"
+        else:
+            fcmp = compare(runs["fixed"]["grads"], ref["grads"], tol)
+            ev["fixed_vs_reference"] = evidence_numbers(fcmp)
+            fixed_ok = fcmp["match"]
+            fixed_text = (
+                f"; with the count all-reduced (and the loss multiplied by the world size): max rel "
+                f"{fcmp['max_rel']}" + (" (matches)" if fixed_ok else " (still differs)")
+            )
+    notes = probe.get("notes", [])
+    note_text = f" [{'; '.join(notes)}]" if notes else ""
+    if cmp["match"]:
+        return {
+            "tokens": tokens,
+            **result(
+                "not-reproduced",
+                "the averaged gradient matches the global token mean over all ranks "
+                f"(max rel {cmp['max_rel']})" + fixed_text + note_text,
+                ev,
+                fixed_matches=fixed_ok,
+            ),
+        }
+    return {
+        "tokens": tokens,
+        **result(
+            "confirmed",
+            f"the gradient DDP averages differs from the global token mean by {pct(cmp['max_rel'])} (max rel)"
+            + fixed_text
+            + note_text,
+            ev,
+            fixed_matches=fixed_ok,
+        ),
+    }
+
+
+DIST_JOBS = {"ddp_sync": _job_sync, "ddp_tokens": _job_tokens}
+
+
+def drive_distributed(probe: dict) -> dict:
+    """TL501/TL502: run the probe on both ranks of the gloo group and report rank 0's verdict."""
+    try:
+        results = run_distributed(probe)
+    except DistUnavailable as exc:
+        return not_executable(f"the two-process gloo run failed: {exc}")
+    first = results[0]
+    out = {k: v for k, v in first.items() if k not in ("failed", "tokens")}
+    out["device"] = "cpu"  # the ranks run on the CPU (gloo) whatever device the other probes use
+    if "status" not in out:
+        return result("error", "rank 0 of the data-parallel run gave no result", {})
+    if probe["driver"] == "ddp_tokens" and out["status"] in ("confirmed", "not-reproduced"):
+        tokens = [r.get("tokens", 0) for r in results]
+        out["evidence"]["valid_tokens_per_rank"] = tokens
+        shown = " and ".join(f"{t:g}" for t in tokens)
+        out["detail"] = f"on {DIST_WORLD} processes (gloo) whose token counts are {shown}: " + out["detail"]
+    return out
+
+
+def worker_main(argv: list[str]) -> int:
+    """One rank of the data-parallel pool: join the group, then run jobs named on stdin."""
+    import datetime
+
+    import torch.distributed as dist
+
+    global RANK, WORLD
+    rank, world, directory = int(argv[0]), int(argv[1]), argv[2]
+    RANK, WORLD = rank, world
+    setup_process("cpu")
+    store = dist.FileStore(os.path.join(directory, "store"), world)
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=DIST_TIMEOUT_S)
+    )
+    for line in sys.stdin:
+        number = line.strip()
+        if not number.isdigit():
+            break
+        with open(os.path.join(directory, f"job{number}.json"), encoding="utf-8") as fh:
+            job = json.load(fh)
+        seed(0)
+        started = time.perf_counter()
+        try:
+            out = DIST_JOBS[job["driver"]](job)
+        except BaseException as exc:  # a bug in the harness
+            out = {
+                "failed": True,
+                **result(
+                    "error",
+                    f"harness error on rank {rank}: {type(exc).__name__}: {exc}",
+                    {"traceback": traceback.format_exc()[-2000:]},
+                ),
+            }
+        out["elapsed_s"] = round(time.perf_counter() - started, 3)
+        path = os.path.join(directory, f"result{number}-{rank}.json")
+        with open(path + ".tmp", "w", encoding="utf-8") as fh:
+            json.dump(out, fh)
+        os.replace(path + ".tmp", path)
+    try:
+        dist.destroy_process_group()
+    except Exception:
+        pass
+    return 0
+
+
 def _is_binding(exc: VariantFailed) -> bool:
-    return isinstance(exc.exc, UnboundName | SystemExit)
+    return isinstance(exc.exc, UnboundName | SystemExit) or (
+        type(exc.exc) is NameError and bool(getattr(exc.exc, "name", None))
+    )
 
 
 def not_executable(detail: str) -> dict:
@@ -1362,6 +2206,11 @@ DRIVERS = {
     "step": drive_step,
     "accumulation": drive_accumulation,
     "half": drive_half,
+    "loop": drive_loop,
+    "graph": drive_graph,
+    "rng": drive_rng,
+    "ddp_sync": drive_distributed,
+    "ddp_tokens": drive_distributed,
 }
 
 
@@ -1403,6 +2252,15 @@ def run_probe(probe: dict, timeout: float) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "--worker":
+        return worker_main(argv[1:])
+    try:
+        return _main(argv)
+    finally:
+        _close_pool()
+
+
+def _main(argv: list[str]) -> int:
     spec_path, result_path = argv[0], argv[1]
     with open(spec_path, encoding="utf-8") as fh:
         job = json.load(fh)
@@ -1416,7 +2274,7 @@ def main(argv: list[str]) -> int:
         seed(0)
         out = run_probe(probe, float(job["timeout"]))
         out["id"] = probe["id"]
-        out["device"] = device
+        out.setdefault("device", device)
         out["torch"] = torch.__version__.split("+")[0]
         with open(result_path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(out) + "\n")

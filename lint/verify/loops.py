@@ -1,0 +1,810 @@
+"""Loop windows: the statements of one training-loop body (or step function) cut from the user's file
+and run for a few iterations on stand-ins (TL102, TL103, TL104, TL302, TL303, TL501).
+
+The window is the run of the body's statements from the first to the last one that takes part in the
+training step (the loss computation, backward, unscale/clip, optimizer and scaler steps, zero_grad, the
+flagged statement), plus earlier statements that compute flags or counters it reads. Inside it:
+
+- the statement that computes the loss keeps its place, but its value becomes the probe's loss of one
+  microbatch on the tiny model (each call takes the next batch), so the user's scaling, division and
+  backward calls all run as written;
+- assignments whose results nothing in the window reads any more (moving data to the device, the
+  forward whose output only fed the loss) become ``pass``, and logging calls become ``None``;
+- the loop's index variable counts the probe's iterations; counters and running totals start from the
+  literal value the function gives them before the loop.
+
+Roles are bound as elsewhere: the scaler to a GradScaler with a large fixed scale (``enabled=`` kept),
+the optimizer to the user's class over the tiny model (watched, so that every real step records the
+gradients it applied), the model to the tiny model, ``accelerator``/``fabric`` to a plain backward, the
+accumulation count to the file's value, learning-rate schedulers to no-ops (noted). Any other free name
+goes through the ``Binder`` and, if it cannot be bound, makes the probe ``not-executable``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from trainlint.events import GRAD_SCALERS, first_arg, is_optimizer_class
+from trainlint.evidence import in_loop, innermost_loop, is_step_count_name
+from trainlint.model import (
+    Frame,
+    Scope,
+    Site,
+    attr_name,
+    dotted,
+    exclusive,
+    keyword,
+    positional,
+    receiver,
+    walk,
+)
+from trainlint.verify.context import ProbeContext, TextEdit, replace_node
+from trainlint.verify.source import NotExecutable, analyse_names, indent, is_literal
+from trainlint.verify.window import Binder, Region, optimizer_construction, parameters_receivers, window_code
+
+LOGGING_HEADS = frozenset(
+    {
+        "print",
+        "logger",
+        "logging",
+        "log",
+        "wandb",
+        "writer",
+        "tb_writer",
+        "summary_writer",
+        "pbar",
+        "progress_bar",
+        "tqdm",
+        "mlflow",
+        "neptune",
+        "tracker",
+        "swanlab",
+        "comet_ml",
+        "experiment",
+    }
+)
+LOGGING_CALLS = frozenset(
+    {
+        "accelerator.print",
+        "accelerator.log",
+        "fabric.print",
+        "fabric.log",
+        "fabric.log_dict",
+        "self.log",
+        "self.log_dict",
+        "self.logger.info",
+    }
+)
+# Methods that keep a loss a loss: ``loss.mean()``, ``loss.float()``.
+LOSS_METHODS = frozenset(
+    {
+        "mean",
+        "sum",
+        "float",
+        "double",
+        "half",
+        "to",
+        "cuda",
+        "contiguous",
+        "squeeze",
+        "clone",
+        "view",
+        "reshape",
+    }
+)
+STEP_KINDS = ("scaled_backward", "backward", "unscale", "update", "scaler_step", "step", "zero_grad", "clip")
+MAX_ITERATIONS = 16
+MAX_COUNT = 8  # accumulation counts above this run with this many microbatches per window
+
+
+def loss_expression(model, call: cst.Call) -> tuple[cst.BaseExpression, str | None]:
+    """The loss a backward call differentiates, and the receiver of ``x.backward(loss)`` (an
+    ``accelerator``/``fabric``) when the loss is its argument."""
+    recv = receiver(call)
+    if isinstance(recv, cst.Call) and attr_name(recv) == "scale" and positional(recv):
+        return positional(recv)[0], None
+    args = positional(call)
+    if args and recv is not None:
+        return args[0], dotted(recv)
+    if recv is None:
+        raise NotExecutable("the backward call has no loss the probe can find")
+    return recv, None
+
+
+def _loss_root(model, scope: Scope, expr: cst.BaseExpression) -> tuple[str, cst.CSTNode]:
+    """Where the loss comes from inside the differentiated expression: ``("name", Name)``,
+    ``("attr", Attribute)`` for ``outputs.loss``, ``("call", Call)`` for a loss computed inline,
+    ``("output", Call)`` for ``model(b).loss``."""
+    node: cst.CSTNode = expr
+    for _ in range(20):
+        if isinstance(node, cst.BinaryOperation):
+            node = node.right if is_literal(node.left) else node.left
+        elif isinstance(node, cst.UnaryOperation):
+            node = node.expression
+        elif isinstance(node, cst.Subscript):
+            node = node.value
+        elif (
+            isinstance(node, cst.Call)
+            and isinstance(node.func, cst.Attribute)
+            and node.func.attr.value in LOSS_METHODS
+            and model.qualname(node.func.value, scope) is None  # not ``torch.mean(x)``
+        ):
+            node = node.func.value  # ``loss.mean()``, ``loss.float()``
+        elif isinstance(node, cst.Name):
+            return "name", node
+        elif isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name):
+            return "attr", node
+        elif isinstance(node, cst.Attribute) and isinstance(node.value, cst.Call):
+            return "output", node.value
+        elif isinstance(node, cst.Call):
+            return "call", node
+        else:
+            break
+    raise NotExecutable("the probe cannot tell which value is the loss of the backward call")
+
+
+def _target_names(target: cst.BaseExpression) -> list[str]:
+    if isinstance(target, cst.Name):
+        return [target.value]
+    if isinstance(target, cst.Tuple | cst.List):
+        out = []
+        for element in target.elements:
+            out.extend(_target_names(element.value))
+        return out
+    return []
+
+
+def _names_read(expr: cst.CSTNode) -> set[str]:
+    """Names in ``expr``, leaving out attribute names (``loss`` in ``out.loss``) and keywords."""
+    skip = set()
+    for node in walk(expr):
+        if isinstance(node, cst.Attribute):
+            skip.add(id(node.attr))
+        elif isinstance(node, cst.Arg) and node.keyword is not None:
+            skip.add(id(node.keyword))
+    return {n.value for n in walk(expr) if isinstance(n, cst.Name) and id(n) not in skip}
+
+
+def _contains(outer: cst.CSTNode, inner: cst.CSTNode) -> bool:
+    return any(n is inner for n in walk(outer))
+
+
+def _is_logging_call(call: cst.Call) -> bool:
+    name = dotted(call.func) or ""
+    head = name.split(".")[0]
+    return name in LOGGING_CALLS or head in LOGGING_HEADS or name.startswith("self.logger.")
+
+
+def _nested_defs(node: cst.CSTNode) -> list[cst.CSTNode]:
+    return [n for n in walk(node) if isinstance(n, cst.FunctionDef | cst.ClassDef | cst.Lambda)]
+
+
+def _without_nested(node: cst.CSTNode):
+    """Nodes of ``node`` not inside a nested def, class or lambda."""
+    skip = {id(m) for d in _nested_defs(node) for m in walk(d) if m is not d}
+    return [n for n in walk(node) if id(n) not in skip]
+
+
+@dataclass
+class LoopWindow:
+    """A loop body cut out of the file, ready to be rendered once per variant."""
+
+    ctx: ProbeContext
+    scope: Scope
+    loop: Frame | None
+    regions: list[Region]
+    common: list[TextEdit]
+    model_expr: str
+    iterations: int
+    accumulation: int | None
+    roles: dict[str, str] = field(default_factory=dict)
+    per_iteration: list[str] = field(default_factory=list)
+    state: list[str] = field(default_factory=list)
+    reserved: set[str] = field(default_factory=set)
+    notes: list[str] = field(default_factory=list)
+    contexts: set[str] = field(default_factory=set)  # names only used as ``with name:``
+
+    def code(self, edits: list[TextEdit]) -> str:
+        return window_code(self.ctx.model.source, self.regions, [*self.common, *edits])
+
+    def render(
+        self,
+        edits: list[TextEdit],
+        *,
+        roles: dict[str, str] | None = None,
+        setup: list[str] = (),  # type: ignore[assignment]
+        overflow: int | None = None,
+        census: bool = False,
+        iterations: int | None = None,
+    ) -> str:
+        """The program of one variant."""
+        window = self.code(edits)
+        variant_roles = dict(self.roles)
+        variant_roles.update(roles or {})
+        binder = Binder(self.ctx.model, self.scope, roles=variant_roles)
+        names = analyse_names(window)
+        wanted: list[str] = []
+        attrs = list(names.attrs)
+        for role in variant_roles.values():
+            inner = analyse_names(f"_ = {role}\n")
+            wanted.extend(n for n in inner.free if n not in variant_roles)
+            attrs.extend(a for a in inner.attrs if a not in attrs)
+        wanted.extend(names.free)
+        free = [n for n in dict.fromkeys(wanted) if n not in self.reserved and not n.startswith("__tl")]
+        binder.bind(free, attrs)
+        for name in binder.unbound:
+            if name in self.contexts:  # only ever entered as ``with ctx:``: a no-op context
+                binder.lines.append(f"{name} = __tl__.NullContext({name!r})")
+                note = f"`{name}` (a context manager the probe cannot build) entered as a no-op context"
+                if note not in self.notes:
+                    self.notes.append(note)
+        self.notes.extend(n for n in binder.notes if n not in self.notes)
+        assert binder.carry is not None
+        steps = iterations or self.iterations
+        lines = [
+            "import torch as __tl_torch__",
+            binder.carry.code().rstrip("\n"),
+            "__tl__.seed(0)",
+            "__tl_model__ = __tl__.tiny_model()",
+            *setup,
+            *binder.lines,
+            *self.state,
+            f"__tl__.begin_run(__tl_model__, {overflow!r})",
+            "__tl_before__ = __tl__.snapshot(__tl_model__)",
+            f"__tl_iterations__ = {steps}",
+            f"for __tl_step__ in range({steps}):",
+            "    __tl__.iteration(__tl_step__)",
+        ]
+        if census:
+            lines.append("    __tl__.census(globals())")
+        lines.extend(f"    {line}" for line in self.per_iteration)
+        body = "\n".join(line for line in lines if line) + "\n" + indent(window)
+        if census:
+            body += "__tl__.census(globals())\n"
+        return body
+
+
+def build_loop(
+    ctx: ProbeContext,
+    anchor: Site,
+    backward: Site,
+    relevant: list[Site],
+    *,
+    model_expr: str = "__tl_model__",
+    iterations: int | None = None,
+) -> LoopWindow:
+    """The loop window around ``anchor`` (the flagged call) whose loss is the one ``backward``
+    differentiates; ``relevant`` are other sites the window must contain."""
+    model = ctx.model
+    scope = anchor.scope
+    if backward.scope is not scope:
+        raise NotExecutable("the backward call is in another function than the flagged call")
+    loop = innermost_loop(anchor)
+    if loop is not None and not in_loop(backward, loop):
+        raise NotExecutable("the backward call is not in the loop of the flagged call")
+    if loop is not None:
+        block = loop.node.body  # type: ignore[attr-defined]
+        if not isinstance(block, cst.IndentedBlock):
+            raise NotExecutable("the loop body is on one line")
+        body = list(block.body)
+    elif isinstance(scope.node, cst.FunctionDef) and isinstance(scope.node.body, cst.IndentedBlock):
+        body = list(scope.node.body.body)
+    elif isinstance(scope.node, cst.Module):
+        body = list(scope.node.body)
+    else:
+        raise NotExecutable("the flagged call is not in a loop or function body the probe can run")
+    index: dict[int, int] = {}
+    for i, stmt in enumerate(body):
+        for node in walk(stmt):
+            index[id(node)] = i
+
+    def at(node: cst.CSTNode) -> int:
+        if id(node) not in index:
+            raise NotExecutable(f"line {model.position(node).start.line} is outside the loop body")
+        return index[id(node)]
+
+    training = model.training
+    # -- the loss ---------------------------------------------------------------------------------
+    call = backward.node
+    assert isinstance(call, cst.Call)
+    loss_expr, backward_receiver = loss_expression(model, call)
+    kind, root = _loss_root(model, scope, loss_expr)
+    synthetic = f"__tl__.micro_loss({model_expr})"
+    output = f"__tl__.Output(loss={synthetic}, logits=None)"
+    common: list[TextEdit] = []
+    excluded: set[int] = set()  # ids of nodes whose text the edits replace
+    per_iteration: list[str] = []
+    producer_index = None
+    if kind in ("call", "output"):
+        common.append(replace_node(model, root, synthetic if kind == "call" else output))
+        excluded.update(id(n) for n in walk(root))
+    else:
+        name = root.value if kind == "name" else root.value.value  # type: ignore[union-attr]
+        value_text = synthetic if kind == "name" else output
+        producers = []
+        for site in model.assigns:
+            node = site.node
+            if site.scope is not scope or site.order >= backward.order or id(node) not in index:
+                continue
+            if exclusive(site.frames, backward.frames):
+                continue
+            targets = (
+                [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]  # type: ignore[attr-defined]
+            )
+            if not any(name in _target_names(t) for t in targets):
+                continue
+            value = node.value  # type: ignore[attr-defined]
+            if value is None or name in _names_read(value):
+                continue  # ``loss = loss / accum`` keeps the loss: it stays as written
+            producers.append((node, targets, value))
+        if not producers:
+            per_iteration.append(f"{name} = {value_text}")
+        for node, targets, value in producers:  # each branch that computes the loss (``if use_amp:``)
+            target = targets[0]
+            replaced = value
+            if isinstance(target, cst.Tuple | cst.List):
+                parts = []
+                for element in target.elements:
+                    if isinstance(element, cst.StarredElement):
+                        raise NotExecutable("the loss is unpacked with a starred target")
+                    parts.append(value_text if name in _target_names(element.value) else "None")
+                text = "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+            else:
+                text = value_text
+                # only the call that computes the loss: ``criterion(out, y) / accum`` keeps ``/ accum``
+                try:
+                    inner_kind, inner = _loss_root(model, scope, value)
+                except NotExecutable:
+                    inner_kind, inner = "", value
+                if inner_kind == "call" and kind == "name":
+                    replaced, text = inner, synthetic
+                elif inner_kind == "output":
+                    replaced, text = inner, output
+            common.append(replace_node(model, replaced, text))
+            excluded.update(id(n) for n in walk(replaced))
+            index_here = at(node)
+            producer_index = index_here if producer_index is None else min(producer_index, index_here)
+    # -- which statements ---------------------------------------------------------------------------
+    events = [
+        e
+        for e in training.events_in(scope, *STEP_KINDS)
+        if id(e.site.node) in index and not exclusive(e.site.frames, anchor.frames)
+    ]
+    wanted = [at(anchor.node), at(backward.node), *(at(s.node) for s in relevant)]
+    if producer_index is not None:
+        wanted.append(producer_index)
+    for e in events:
+        if e.kind in ("step", "zero_grad") and not training.is_optimizer_like(receiver(e.call), scope):
+            if not (e.kind == "zero_grad" and parameters_owner(model, scope, e, events)):
+                continue
+        wanted.append(at(e.site.node))
+    lo, hi = min(wanted), max(wanted)
+    kept = list(range(lo, hi + 1))
+    for stmt in body[lo : hi + 1]:
+        for node in _without_nested(stmt):
+            if isinstance(node, cst.Return | cst.Yield):
+                raise NotExecutable(
+                    f"the loop body returns or yields at line {model.position(node).start.line}"
+                )
+    # logging calls become None
+    for stmt in body[lo : hi + 1]:
+        for node in _without_nested(stmt):
+            if (
+                isinstance(node, cst.Expr)
+                and isinstance(node.value, cst.Call)
+                and _is_logging_call(node.value)
+            ):
+                if not any(_contains(node, s.node) for s in (anchor, backward, *relevant)):
+                    common.append(replace_node(model, node.value, "None"))
+                    excluded.update(id(n) for n in walk(node.value))
+
+    def reads(stmts: list[cst.CSTNode], dropped: set[int]) -> set[str]:
+        out: set[str] = set()
+        for stmt in stmts:
+            targets: set[int] = set()
+            for node in walk(stmt):
+                if isinstance(node, cst.Assign):
+                    for t in node.targets:
+                        if isinstance(t.target, cst.Name | cst.Tuple | cst.List):
+                            targets.update(id(n) for n in walk(t.target))
+                elif isinstance(node, cst.AnnAssign) and isinstance(node.target, cst.Name):
+                    targets.add(id(node.target))
+                elif isinstance(node, cst.For):
+                    targets.update(id(n) for n in walk(node.target))
+            skip = set(excluded) | targets
+            for node in walk(stmt):
+                if id(node) in dropped:
+                    skip.update(id(n) for n in walk(node))
+            for node in walk(stmt):
+                if isinstance(node, cst.Attribute):
+                    skip.add(id(node.attr))
+                elif isinstance(node, cst.Arg) and node.keyword is not None:
+                    skip.add(id(node.keyword))
+            for node in walk(stmt):
+                if isinstance(node, cst.Name) and id(node) not in skip:
+                    out.add(node.value)
+        return out
+
+    # earlier statements that compute names the window reads (flags, counters)
+    needed = reads([body[i] for i in kept], set())
+    for i in range(lo - 1, -1, -1):
+        stmt = body[i]
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        assigned = set()
+        for small in stmt.body:
+            if isinstance(small, cst.Assign):
+                for t in small.targets:
+                    assigned.update(_target_names(t.target))
+            elif isinstance(small, cst.AugAssign | cst.AnnAssign) and isinstance(small.target, cst.Name):
+                assigned.add(small.target.value)
+        if assigned & needed:
+            kept.insert(0, i)
+            needed |= reads([stmt], set())
+    kept.sort()
+    # dead assignments: nothing in the window reads what they assign
+    protected = {id(s.node) for s in (anchor, backward, *relevant)} | {id(e.site.node) for e in events}
+    candidates = []
+    for i in kept:
+        for node in _without_nested(body[i]):
+            if not isinstance(node, cst.SimpleStatementLine):
+                continue
+            if any(id(n) in protected for n in walk(node)):
+                continue
+            names: list[str] = []
+            ok = True
+            for small in node.body:
+                if isinstance(small, cst.Assign):
+                    for t in small.targets:
+                        got = _target_names(t.target)
+                        if not got or not isinstance(t.target, cst.Name | cst.Tuple | cst.List):
+                            ok = False
+                        names.extend(got)
+                elif isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name):
+                    names.append(small.target.value)
+                else:
+                    ok = False
+            if ok and names:
+                candidates.append((node, set(names)))
+    dropped: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for node, names in candidates:
+            if id(node) in dropped:
+                continue
+            live = reads([body[i] for i in kept], dropped | {id(node)})
+            if not (names & live):
+                dropped.add(id(node))
+                changed = True
+    for node, _ in candidates:
+        if id(node) in dropped:
+            inner = [e for e in common if _edit_inside(model, e, node)]
+            for e in inner:
+                common.remove(e)
+            common.append(replace_node(model, node, "pass"))
+    regions = _regions(model, body, kept)
+    window = LoopWindow(
+        ctx=ctx,
+        scope=scope,
+        loop=loop,
+        regions=regions,
+        common=common,
+        model_expr=model_expr,
+        iterations=iterations or 3,
+        accumulation=None,
+        per_iteration=per_iteration,
+    )
+    as_written = window.code([])
+    names = analyse_names(as_written)
+    window.contexts = _context_only_names(as_written)
+    # -- the loop's own variables -------------------------------------------------------------------
+    per_iteration[:0] = _index_bindings(model, loop, names.free, window)
+    # -- roles --------------------------------------------------------------------------------------
+    roles = window.roles
+    if backward_receiver:
+        roles[backward_receiver] = "__tl__.Backward()"
+    window_events = [e for e in events if lo <= at(e.site.node) <= hi or at(e.site.node) in kept]
+    for e in window_events:
+        if e.kind in ("scaled_backward", "unscale", "update", "scaler_step") and e.key:
+            roles.setdefault(e.key, f"__tl__.scaler(enabled={scaler_enabled(model, scope, e.key)})")
+    optimizers: list[tuple[str, cst.BaseExpression]] = []
+    for e in window_events:
+        expr = None
+        if e.kind in ("scaler_step", "unscale"):
+            expr = first_arg(e.call, "optimizer")
+        elif e.kind in ("step", "zero_grad") and training.is_optimizer_like(receiver(e.call), scope):
+            expr = receiver(e.call)
+        key = dotted(expr) if expr is not None else None
+        if key and key not in roles and key not in (k for k, _ in optimizers):
+            optimizers.append((key, expr))  # type: ignore[arg-type]
+    constructions: list[cst.CSTNode] = []
+    for key, expr in optimizers:
+        built = [c for c, callee in model.call_values(expr, scope) if is_optimizer_class(callee)]
+        if built:
+            code, described = optimizer_construction(model, built[-1], scope, f"{model_expr}.parameters()")
+            window.notes.append(f"`{key}` built as {described}")
+            constructions.append(built[-1])
+        else:
+            code = f"__tl_torch__.optim.SGD({model_expr}.parameters(), lr=0.1)"
+            window.notes.append(f"`{key}` built as SGD(lr=0.1): its construction is not in this function")
+        roles[key] = f"__tl__.watch({code}, {key!r})"
+    for expr in [*(body[i] for i in kept), *constructions]:
+        for key in parameters_receivers(expr):
+            roles.setdefault(key, model_expr)
+    for key in _model_arguments(model, scope, [body[i] for i in kept]):
+        roles.setdefault(key, model_expr)
+    for e in window_events:
+        if (
+            e.kind == "zero_grad"
+            and e.key
+            and e.key not in roles
+            and parameters_owner(model, scope, e, events)
+        ):
+            roles[e.key] = model_expr
+        if e.kind == "step" and e.key and e.key not in roles and _is_scheduler(model, scope, e):
+            roles[e.key] = f"__tl__.NoOp({e.key!r})"
+            window.notes.append(f"`{e.key}.step()` does nothing (the learning rate stays fixed)")
+    count = _accumulation_roles(ctx, scope, [body[i] for i in kept], roles, window.notes)
+    window.accumulation = count
+    inner = innermost_loop(backward)
+    if iterations is None:
+        if inner is not None and (loop is None or inner.node is not loop.node):
+            window.iterations = 2  # the micro-steps run in an inner loop: each iteration is one window
+        else:
+            window.iterations = max(2, min(MAX_ITERATIONS, 2 * count)) if count else 3
+    # -- state carried from one iteration to the next ------------------------------------------------
+    assigned_in_window, augmented = _assigned_in(as_written)
+    for name in dict.fromkeys([*names.free, *augmented]):
+        if name in roles or name in window.reserved or name not in assigned_in_window:
+            continue
+        value = _initial_value(model, scope, loop, name)
+        if value is not None:
+            window.state.append(f"{name} = {value}")
+            window.reserved.add(name)
+        elif name not in names.free:  # only ever updated in place: its start value is unknown
+            window.state.append(f"{name} = __tl__.Unbound({name!r})")
+            window.reserved.add(name)
+    return window
+
+
+def _model_arguments(model, scope: Scope, stmts: list[cst.CSTNode]) -> list[str]:
+    """Arguments passed to the file's own functions where the function takes their parameters
+    (``clip_grads(model, opt)`` whose body calls ``model.parameters()``)."""
+    from trainlint.verify.bind import function_params
+
+    out: list[str] = []
+    for stmt in stmts:
+        for node in walk(stmt):
+            if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Name):
+                continue
+            definition = model.definition(node.func.value, scope)
+            if not isinstance(definition, cst.FunctionDef):
+                continue
+            inside = set(parameters_receivers(definition.body))
+            params = [name for name, _, _ in function_params(definition)]
+            for position, arg in enumerate(node.args):
+                if arg.star:
+                    break
+                param = (
+                    arg.keyword.value
+                    if arg.keyword is not None
+                    else (params[position] if position < len(params) else None)
+                )
+                key = dotted(arg.value)
+                if param in inside and key and key not in out:
+                    out.append(key)
+    return out
+
+
+def _is_scheduler(model, scope: Scope, event) -> bool:
+    """A learning-rate scheduler's ``step()``: by construction, or by a ``*sched*`` name."""
+    recv = receiver(event.call)
+    if any("lr_scheduler" in (callee or "") for _, callee in model.call_values(recv, scope)):
+        return True
+    return "sched" in (event.key or "").rsplit(".", 1)[-1].lower()
+
+
+def _context_only_names(code: str) -> set[str]:
+    """Names the code uses only as the context expression of a ``with`` (``with ctx:``)."""
+    module = cst.parse_module(code)
+    as_context: set[int] = set()
+    for node in walk(module):
+        if isinstance(node, cst.WithItem) and isinstance(node.item, cst.Name):
+            as_context.add(id(node.item))
+    names = {n.value for n in walk(module) if isinstance(n, cst.Name) and id(n) in as_context}
+    for node in walk(module):
+        if isinstance(node, cst.Name) and node.value in names and id(node) not in as_context:
+            names.discard(node.value)
+    return names
+
+
+def _edit_inside(model, edit: TextEdit, node: cst.CSTNode) -> bool:
+    pos = model.position(node)
+    start = (pos.start.line, pos.start.column + 1)
+    end = (pos.end.line, pos.end.column + 1)
+    return start <= (edit.line, edit.column) and (edit.end_line, edit.end_column) <= end
+
+
+def _regions(model, body: list[cst.CSTNode], kept: list[int]) -> list[Region]:
+    regions: list[Region] = []
+    run: list[int] = []
+    for i in kept:
+        if run and i != run[-1] + 1:
+            regions.append(_region(model, body, run))
+            run = []
+        run.append(i)
+    if run:
+        regions.append(_region(model, body, run))
+    return regions
+
+
+def _region(model, body: list[cst.CSTNode], run: list[int]) -> Region:
+    first, last = body[run[0]], body[run[-1]]
+    start = model.position(first).start.line
+    # comments and blank lines that libcst attaches to the statement come first
+    return Region(start, model.position(last).end.line)
+
+
+def _assigned_in(code: str) -> tuple[set[str], list[str]]:
+    """Names the code assigns, and those it updates in place (``count += 1``)."""
+    out: set[str] = set()
+    augmented: list[str] = []
+    for node in walk(cst.parse_module(code)):
+        if isinstance(node, cst.Assign):
+            for t in node.targets:
+                out.update(_target_names(t.target))
+        elif isinstance(node, cst.AugAssign | cst.AnnAssign) and isinstance(node.target, cst.Name):
+            out.add(node.target.value)
+            if isinstance(node, cst.AugAssign) and node.target.value not in augmented:
+                augmented.append(node.target.value)
+    return out, augmented
+
+
+def _initial_value(model, scope: Scope, loop: Frame | None, name: str) -> str | None:
+    """The literal a counter or running total gets before the loop (``count = 0``)."""
+    if loop is None:
+        return None
+    start = model.position(loop.node).start.line
+    value = None
+    for site in model.assigns:
+        node = site.node
+        if site.scope is not scope or not isinstance(node, cst.Assign):
+            continue
+        if model.position(node).start.line >= start:
+            continue
+        if any(isinstance(t.target, cst.Name) and t.target.value == name for t in node.targets):
+            value = node.value if is_literal(node.value) else None
+    return model.code(value) if value is not None else None
+
+
+def parameters_owner(model, scope: Scope, event, events) -> bool:
+    """``model.zero_grad()`` where ``model`` is what an optimizer of the scope was built over."""
+    key = event.key
+    if not key:
+        return False
+    for e in events:
+        for expr in (receiver(e.call), first_arg(e.call, "optimizer")):
+            if expr is None:
+                continue
+            for call, callee in model.call_values(expr, scope):
+                if is_optimizer_class(callee) and key in parameters_receivers(call):
+                    return True
+    for site in model.calls_in(scope):
+        if is_optimizer_class(model.callee(site)) and key in parameters_receivers(site.node):
+            return True
+    return False
+
+
+def scaler_enabled(model, scope: Scope, key: str) -> str:
+    """The ``enabled=`` argument of the scaler's construction, as written (``True`` when absent)."""
+    for call, callee in model.call_values(cst.parse_expression(key), scope):
+        if callee in GRAD_SCALERS:
+            kw = keyword(call, "enabled")
+            if kw is not None:
+                return f"({model.code(kw.value)})"
+    return "True"
+
+
+def _index_bindings(model, loop: Frame | None, free: list[str], window: LoopWindow) -> list[str]:
+    """``i = __tl_step__`` for the index of ``for i, batch in enumerate(loader)`` / ``for i in
+    range(n)``; the iterable becomes a ``Loader`` whose length is the iteration count."""
+    if loop is None or not isinstance(loop.node, cst.For):
+        return []
+    node = loop.node
+    lines: list[str] = []
+    it = node.iter
+    index_name = None
+    start = "0"
+    if isinstance(it, cst.Call) and dotted(it.func) == "enumerate" and it.args:
+        target = node.target
+        if isinstance(target, cst.Tuple | cst.List) and target.elements:
+            first = target.elements[0].value
+            if isinstance(first, cst.Name):
+                index_name = first.value
+        start_arg = keyword(it, "start")
+        pos = positional(it)
+        start_expr = start_arg.value if start_arg is not None else (pos[1] if len(pos) > 1 else None)
+        if start_expr is not None:
+            if not isinstance(start_expr, cst.Integer):
+                raise NotExecutable("the loop counts from a start the probe cannot read")
+            start = start_expr.value
+        source = it.args[0].value
+    elif isinstance(it, cst.Call) and dotted(it.func) == "range" and isinstance(node.target, cst.Name):
+        pos = positional(it)
+        index_name = node.target.value
+        if len(pos) >= 2:
+            if not isinstance(pos[0], cst.Integer):
+                raise NotExecutable("the loop's range starts at a value the probe cannot read")
+            start = pos[0].value
+        source = None
+    else:
+        source = it
+    if index_name is not None:
+        lines.append(f"{index_name} = __tl_step__" + (f" + {start}" if start != "0" else ""))
+        window.reserved.add(index_name)
+    key = dotted(source) if source is not None else None
+    if key and key.split(".")[0] in free:
+        window.roles.setdefault(key, f"__tl__.Loader({key!r}, {window.iterations})")
+    return lines
+
+
+def _accumulation_roles(
+    ctx: ProbeContext, scope: Scope, stmts: list[cst.CSTNode], roles: dict, notes: list
+) -> int | None:
+    """Bind the accumulation count the window's conditions and micro-step loops use; returns it."""
+    from trainlint.verify.probes import _accumulation_count
+
+    model = ctx.model
+    training = model.training
+    counts: list[cst.BaseExpression] = []
+    for stmt in stmts:
+        for node in walk(stmt):
+            if isinstance(node, cst.If) and training.accumulation_condition(node.test, scope):
+                for inner in walk(node.test):
+                    if isinstance(inner, cst.BinaryOperation) and isinstance(inner.operator, cst.Modulo):
+                        counts.append(inner.right)
+            elif isinstance(node, cst.If):
+                test = node.test
+                if isinstance(test, cst.Comparison) and _counter_reset(node):
+                    for comparator in (test.left, *(c.comparator for c in test.comparisons)):
+                        if dotted(comparator) and is_step_count_name(dotted(comparator).rsplit(".", 1)[-1]):  # type: ignore[union-attr]
+                            counts.append(comparator)
+            elif (
+                isinstance(node, cst.For)
+                and isinstance(node.iter, cst.Call)
+                and dotted(node.iter.func) == "range"
+            ):
+                pos = positional(node.iter)
+                if len(pos) == 1 and dotted(pos[0]) and is_step_count_name(dotted(pos[0]).rsplit(".", 1)[-1]):  # type: ignore[union-attr]
+                    counts.append(pos[0])
+        # flags computed from a modulo (``is_update = (i + 1) % accum == 0``)
+        for node in walk(stmt):
+            if isinstance(node, cst.Assign) and training.accumulation_condition(node.value, scope):
+                for inner in walk(node.value):
+                    if isinstance(inner, cst.BinaryOperation) and isinstance(inner.operator, cst.Modulo):
+                        counts.append(inner.right)
+    value = None
+    for expr in counts:
+        key = dotted(expr)
+        if isinstance(expr, cst.Integer):
+            value = value or int(expr.value)
+            continue
+        if key is None or key in roles:
+            continue
+        k, more = _accumulation_count(model, scope, expr)
+        if k > MAX_COUNT:  # the hazard shows with any count of 2 or more: keep the probe small
+            more = [*more, f"`{key}` = {k} in the file, run with {MAX_COUNT}"]
+            k = MAX_COUNT
+        roles[key] = str(k)
+        notes.extend(m for m in more if m not in notes)
+        value = value or k
+    return value
+
+
+def _counter_reset(node: cst.If) -> bool:
+    from trainlint.events import Training
+
+    return Training._counter_reset(node)

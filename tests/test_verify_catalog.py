@@ -1,0 +1,1249 @@
+"""The runtime check (``--verify``) for the rest of the catalog: TL102, TL103, TL104, TL204, TL302, TL303,
+TL501 and TL502.
+
+As in ``test_verify.py``, every snippet is linted and all findings are verified in one batch (one child
+process; the two data-parallel ranks are started once). Expected values follow from the mechanism of
+each hazard: a direct step applies gradients multiplied by the loss scale, ``update()`` without a
+recorded step raises, a DDP backward outside ``no_sync`` all-reduces once per bucket, and so on.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from trainlint.engine import lint_source
+from trainlint.rule import Applicability, registry
+from trainlint.verify import torch_available, verify_findings
+from trainlint.verify.context import TextEdit, apply_text_edits, minimal_edit
+
+pytestmark = pytest.mark.skipif(not torch_available(), reason="--verify needs torch")
+
+ROOT = Path(__file__).resolve().parent.parent
+PROBES = {
+    "TL102": "tl102",
+    "TL103": "tl103",
+    "TL104": "tl104",
+    "TL204": "tl204",
+    "TL302": "tl302",
+    "TL303": "tl303",
+    "TL501": "tl501",
+    "TL502": "tl502",
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def probes_on_rules():
+    """Name each rule's probe where the rule does not declare it yet."""
+    with pytest.MonkeyPatch.context() as mp:
+        for rule_id, probe in PROBES.items():
+            rule = registry().get(rule_id)
+            if rule is not None and rule.probe is None:
+                mp.setattr(rule, "probe", probe)
+        yield
+
+
+SNIPPETS: dict[str, tuple[str, str]] = {}
+
+
+def snippet(name: str, rule: str, code: str) -> None:
+    SNIPPETS[name] = (rule, textwrap.dedent(code))
+
+
+# TL102 ---------------------------------------------------------------------------------------------
+snippet(
+    "tl102_accumulation_with_update",
+    "TL102",
+    """
+    import torch
+    from torch import nn
+
+
+    def train(model, loader, accum=4):
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        scaler = torch.amp.GradScaler("cuda")
+        for i, (x, y) in enumerate(loader):
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = nn.functional.mse_loss(model(x), y) / accum
+            scaler.scale(loss).backward()
+            if (i + 1) % accum == 0:
+                opt.step()
+                scaler.update()
+                opt.zero_grad()
+    """,
+)
+snippet(
+    "tl102_trainer_method",
+    "TL102",
+    """
+    import torch
+
+
+    class Trainer:
+        def __init__(self, model):
+            self.model = model
+            self.scaler = torch.cuda.amp.GradScaler()
+            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=3e-4, weight_decay=0.01)
+
+        def train_step(self, batch):
+            self.optimizer.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.float16):
+                out = self.model(**batch)
+            self.scaler.scale(out.loss).backward()
+            self.optimizer.step()
+            self.scaler.update()
+            return out.loss.item()
+    """,
+)
+snippet(
+    "tl102_sgd_scaled_gradients",
+    "TL102",
+    """
+    import torch
+    import torch.nn.functional as F
+
+
+    def fit(model, data):
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        scaler = torch.amp.GradScaler()
+        for x, y in data:
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = F.cross_entropy(model(x), y)
+            scaler.scale(loss).backward()
+            opt.step()
+            opt.zero_grad()
+    """,
+)
+snippet(
+    "tl102_unscaled_but_not_skipped",
+    "TL102",
+    """
+    def train_step(scaler, optimizer, loss):
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        optimizer.step()
+        scaler.update()
+    """,
+)
+snippet(
+    "tl102_loss_in_both_branches",
+    "TL102",
+    """
+    import torch
+    import torch.nn.functional as F
+
+
+    def train(model, loader, use_amp=True):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        scaler = torch.amp.GradScaler(enabled=use_amp)
+        for x, y in loader:
+            if use_amp:
+                with torch.autocast("cuda", dtype=torch.float16):
+                    loss = F.mse_loss(model(x), y)
+            else:
+                loss = F.mse_loss(model(x), y)
+            scaler.scale(loss).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    """,
+)
+snippet(
+    "tl102_scaler_disabled",
+    "TL102",
+    """
+    import torch
+    from torch import nn
+
+    use_amp = False
+
+
+    def train(model, loader):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.cuda.amp.GradScaler(enabled=use_amp)
+        for x, y in loader:
+            with torch.autocast("cuda", enabled=use_amp):
+                loss = nn.functional.mse_loss(model(x), y)
+            scaler.scale(loss).backward()
+            optimizer.step()
+            scaler.update()
+            optimizer.zero_grad()
+    """,
+)
+snippet(
+    "tl102_unbindable",
+    "TL102",
+    """
+    import torch
+
+
+    def train(model, loader):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler()
+        for x, y in loader:
+            loss = model(x, y)
+            scaler.scale(loss).backward()
+            torch.nn.utils.clip_grad_value_(model.parameters(), max_grad_value)
+            optimizer.step()
+            optimizer.zero_grad()
+    """,
+)
+
+# TL103 ---------------------------------------------------------------------------------------------
+snippet(
+    "tl103_counter_reset",
+    "TL103",
+    """
+    import torch
+
+    ACCUM = 8
+
+
+    def train(model, data):
+        scaler = torch.amp.GradScaler()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        count = 0
+        for x in data:
+            scaler.scale(model(x).mean()).backward()
+            count += 1
+            if count == ACCUM:
+                scaler.step(opt)
+                opt.zero_grad()
+                count = 0
+            scaler.update()
+    """,
+)
+snippet(
+    "tl103_hf_loss",
+    "TL103",
+    """
+    import torch
+
+
+    def train(model, loader, optimizer, accum_steps=4):
+        scaler = torch.amp.GradScaler()
+        for step, batch in enumerate(loader):
+            loss = model(**batch).loss / accum_steps
+            scaler.scale(loss).backward()
+            if (step + 1) % accum_steps == 0:
+                scaler.step(optimizer)
+                optimizer.zero_grad()
+            scaler.update()
+    """,
+)
+snippet(
+    "tl103_amp_off_by_default",
+    "TL103",
+    """
+    import argparse
+
+    import torch
+
+
+    def train(args, model, loader, optimizer):
+        scaler = torch.cuda.amp.GradScaler(enabled=args.amp)
+        for step, batch in enumerate(loader):
+            with torch.autocast("cuda", enabled=args.amp):
+                loss = model(**batch).loss / args.grad_accum
+            scaler.scale(loss).backward()
+            if (step + 1) % args.grad_accum == 0:
+                scaler.step(optimizer)
+                optimizer.zero_grad()
+            scaler.update()
+
+
+    if __name__ == "__main__":
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--amp", action="store_true")
+        parser.add_argument("--grad-accum", type=int, default=4)
+        train(parser.parse_args(), None, None, None)
+    """,
+)
+snippet(
+    "tl103_unbindable",
+    "TL103",
+    """
+    import torch
+
+    from .utils import clip_gradients
+
+
+    def train(model, loader, optimizer, accum_steps=4):
+        scaler = torch.amp.GradScaler()
+        for step, batch in enumerate(loader):
+            scaler.scale(model(**batch).loss / accum_steps).backward()
+            if (step + 1) % accum_steps == 0:
+                scaler.unscale_(optimizer)
+                clip_gradients(model, 1.0)
+                scaler.step(optimizer)
+                optimizer.zero_grad()
+            scaler.update()
+    """,
+)
+
+# TL104 ---------------------------------------------------------------------------------------------
+snippet(
+    "tl104_helper_unscales",
+    "TL104",
+    """
+    import torch
+
+    scaler = torch.amp.GradScaler()
+
+
+    def clip_grads(model, opt):
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+
+
+    def train_step(model, loss, opt):
+        scaler.scale(loss).backward()
+        clip_grads(model, opt)
+        scaler.unscale_(opt)
+        scaler.step(opt)
+        scaler.update()
+    """,
+)
+snippet(
+    "tl104_every_micro_step",
+    "TL104",
+    """
+    import torch
+
+
+    def train(model, data, opt, accum=4):
+        amp_scaler = torch.amp.GradScaler()
+        for i, (x, y) in enumerate(data):
+            loss = torch.nn.functional.mse_loss(model(x), y) / accum
+            amp_scaler.scale(loss).backward()
+            amp_scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if (i + 1) % accum == 0:
+                amp_scaler.step(opt)
+                amp_scaler.update()
+                opt.zero_grad()
+    """,
+)
+snippet(
+    "tl104_scaler_disabled",
+    "TL104",
+    """
+    import torch
+
+
+    def train(model, data, opt):
+        s = torch.amp.GradScaler(enabled=False)
+        for x, y in data:
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            s.scale(loss).backward()
+            s.unscale_(opt)
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            s.unscale_(opt)
+            s.step(opt)
+            s.update()
+            opt.zero_grad()
+    """,
+)
+snippet(
+    "tl104_unbindable",
+    "TL104",
+    """
+    import torch
+
+
+    def train(model, data, opt, scaler):
+        for x, y in data:
+            scaler.scale(model(x, y)).backward()
+            scaler.unscale_(opt)
+            log_grad_norms(model, step_counter)
+            scaler.unscale_(opt)
+            scaler.step(opt)
+            scaler.update()
+    """,
+)
+
+# TL204 ---------------------------------------------------------------------------------------------
+snippet(
+    "tl204_dropout_module",
+    "TL204",
+    """
+    import torch
+    from torch import nn
+    from torch.utils.checkpoint import checkpoint
+
+
+    class Block(nn.Module):
+        def __init__(self, dim):
+            super().__init__()
+            self.fc = nn.Linear(dim, dim)
+            self.drop = nn.Dropout(0.1)
+
+        def inner(self, x):
+            return self.drop(torch.relu(self.fc(x)))
+
+        def forward(self, x):
+            return checkpoint(self.inner, x, use_reentrant=False, preserve_rng_state=False)
+    """,
+)
+snippet(
+    "tl204_functional_dropout",
+    "TL204",
+    """
+    import torch.nn.functional as F
+    from torch.utils.checkpoint import checkpoint
+
+
+    def noisy(x, w):
+        return F.dropout(x @ w, 0.2, training=True)
+
+
+    def run(x, w):
+        return checkpoint(noisy, x, w, use_reentrant=False, preserve_rng_state=False)
+    """,
+)
+snippet(
+    "tl204_dropout_zero",
+    "TL204",
+    """
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.utils.checkpoint import checkpoint
+
+
+    class MLP(nn.Module):
+        def __init__(self, dim, dropout=0.0):
+            super().__init__()
+            self.fc = nn.Linear(dim, 4 * dim)
+            self.proj = nn.Linear(4 * dim, dim)
+            self.drop = nn.Dropout(dropout)
+
+        def _ff(self, x):
+            return self.drop(self.proj(F.gelu(self.fc(x))))
+
+        def forward(self, x):
+            return checkpoint(self._ff, x, use_reentrant=False, preserve_rng_state=False)
+    """,
+)
+snippet(
+    "tl204_unbindable",
+    "TL204",
+    """
+    import torch.nn.functional as F
+    from torch.utils.checkpoint import checkpoint
+
+
+    def block(x):
+        return F.dropout(project(x), 0.1)
+
+
+    def run(x):
+        return checkpoint(block, x, use_reentrant=False, preserve_rng_state=False)
+    """,
+)
+
+# TL302 ---------------------------------------------------------------------------------------------
+snippet(
+    "tl302_running_total",
+    "TL302",
+    """
+    import torch.nn.functional as F
+
+
+    def epoch(model, loader, optimizer):
+        total_loss = 0
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            total_loss += loss
+        return total_loss / len(loader)
+    """,
+)
+snippet(
+    "tl302_history_list",
+    "TL302",
+    """
+    import torch
+    import torch.nn.functional as F
+
+
+    def train(model, loader, optimizer, scaler):
+        hist = []
+        for x, y in loader:
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = F.mse_loss(model(x), y)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+            hist.append(loss.float().cpu())
+        return hist
+    """,
+)
+snippet(
+    "tl302_accelerate_output_loss",
+    "TL302",
+    """
+    def train(model, loader, accelerator, optimizer):
+        tr_loss = 0.0
+        for batch in loader:
+            outputs = model(**batch)
+            accelerator.backward(outputs.loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            tr_loss += outputs.loss
+        return tr_loss / len(loader)
+    """,
+)
+snippet(
+    "tl302_unbindable",
+    "TL302",
+    """
+    import torch.nn.functional as F
+
+
+    def train(model, loader, optimizer):
+        stats = {"loss": 0}
+        for x, y in loader:
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            stats["loss"] += loss * class_weights[0]
+    """,
+)
+
+# TL303 ---------------------------------------------------------------------------------------------
+snippet(
+    "tl303_zero_grad_first",
+    "TL303",
+    """
+    import torch
+    import torch.nn.functional as F
+
+
+    def train(model, loader, accum_steps=4):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i, (x, y) in enumerate(loader):
+            optimizer.zero_grad()
+            x, y = x.cuda(), y.cuda()
+            logits = model(x)
+            loss = F.cross_entropy(logits, y) / accum_steps
+            loss.backward()
+            if (i + 1) % accum_steps == 0:
+                optimizer.step()
+    """,
+)
+snippet(
+    "tl303_model_zero_grad",
+    "TL303",
+    """
+    import torch
+
+
+    def train(model, loader, accum=8):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
+        for i, b in enumerate(loader):
+            model.zero_grad()
+            model(b).loss.backward()
+            if (i + 1) % accum == 0:
+                opt.step()
+    """,
+)
+snippet(
+    "tl303_cleared_before_step",
+    "TL303",
+    """
+    def train(model, loader, optimizer, lr_scheduler, accelerator, accum=4):
+        model.train()
+        for step, batch in enumerate(loader):
+            outputs = model(**batch)
+            accelerator.backward(outputs.loss / accum)
+            optimizer.zero_grad()
+            if step % accum == 0:
+                optimizer.step()
+                lr_scheduler.step()
+            if step % 100 == 0:
+                accelerator.print(f"step {step}: {outputs.loss.item():.3f}")
+    """,
+)
+snippet(
+    "tl303_accumulation_off_by_default",
+    "TL303",
+    """
+    import argparse
+
+    import torch
+
+
+    def train(args, model, loader):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+        for step, batch in enumerate(loader):
+            optimizer.zero_grad(set_to_none=True)
+            loss = model(**batch).loss
+            (loss / args.grad_accum).backward()
+            if (step + 1) % args.grad_accum == 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_norm)
+                optimizer.step()
+
+
+    if __name__ == "__main__":
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--lr", type=float, default=3e-4)
+        parser.add_argument("--grad-accum", type=int, default=1)
+        parser.add_argument("--max-norm", type=float, default=1.0)
+        train(parser.parse_args(), None, None)
+    """,
+)
+snippet(
+    "tl303_unbindable",
+    "TL303",
+    """
+    def train(model, loader, optimizer):
+        for step, batch in enumerate(loader):
+            optimizer.zero_grad()
+            loss = model(**batch).loss * loss_weight
+            loss.backward()
+            if (step + 1) % 4 == 0:
+                optimizer.step()
+    """,
+)
+
+# TL501 ---------------------------------------------------------------------------------------------
+snippet(
+    "tl501_modulo_window",
+    "TL501",
+    """
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+    def train(net, loader, rank, accum=4):
+        model = DDP(net, device_ids=[rank])
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        for i, (x, y) in enumerate(loader):
+            loss = F.cross_entropy(model(x), y) / accum
+            loss.backward()
+            if (i + 1) % accum == 0:
+                opt.step()
+                opt.zero_grad()
+    """,
+)
+snippet(
+    "tl501_micro_step_loop",
+    "TL501",
+    """
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+    def train(net, get_batch, gradient_accumulation_steps=3):
+        model = DDP(net)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=6e-4)
+        scaler = torch.amp.GradScaler(enabled=False)
+        X, Y = get_batch("train")
+        while True:
+            for micro_step in range(gradient_accumulation_steps):
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    logits, loss = model(X, Y)
+                    loss = loss / gradient_accumulation_steps
+                X, Y = get_batch("train")
+                scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+    """,
+)
+snippet(
+    "tl501_accumulation_off_by_default",
+    "TL501",
+    """
+    import argparse
+
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+    def train(net, loader, args):
+        model = DDP(net)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i, (x, y) in enumerate(loader):
+            model(x).sum().backward()
+            if (i + 1) % args.grad_accum == 0:
+                opt.step()
+                opt.zero_grad()
+
+
+    if __name__ == "__main__":
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--grad-accum", type=int, default=1)
+    """,
+)
+snippet(
+    "tl501_unbindable",
+    "TL501",
+    """
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+    def train(net, loader, accum=4):
+        model = DDP(net)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i, (x, y) in enumerate(loader):
+            loss = model(x).pow(2).mean() * curriculum_weight(i)
+            loss.backward()
+            if (i + 1) % accum == 0:
+                opt.step()
+                opt.zero_grad()
+    """,
+)
+
+# TL502 ---------------------------------------------------------------------------------------------
+snippet(
+    "tl502_label_count",
+    "TL502",
+    """
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("nccl")
+
+
+    def train(model, loader, optimizer):
+        model = DDP(model)
+        for batch in loader:
+            input_ids = batch["input_ids"]
+            labels = batch["labels"]
+            logits = model(input_ids)
+            loss_sum = F.cross_entropy(
+                logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum"
+            )
+            n_tokens = (labels != -100).sum()
+            loss = loss_sum / n_tokens
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    """,
+)
+snippet(
+    "tl502_attention_mask",
+    "TL502",
+    """
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    dist.init_process_group("nccl")
+
+
+    def train(model, loader):
+        for batch in loader:
+            logits = model(batch["input_ids"])
+            per_tok = F.cross_entropy(logits.transpose(1, 2), batch["labels"], reduction="none", ignore_index=-100)
+            mask = batch["attention_mask"]
+            loss = (per_tok * mask).sum() / mask.sum()
+            loss.backward()
+    """,
+)
+snippet(
+    "tl502_packed_equal_counts",
+    "TL502",
+    """
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    dist.init_process_group("nccl")
+
+
+    def train(model, loader):
+        for batch in loader:
+            input_ids = batch["input_ids"]
+            logits = model(input_ids)[:, :-1]
+            targets = input_ids[:, 1:]
+            s = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="sum")
+            n = (targets != -100).sum()
+            (s / n).backward()
+    """,
+)
+snippet(
+    "tl502_unbindable",
+    "TL502",
+    """
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    dist.init_process_group("nccl")
+
+
+    def train(model, loader):
+        for batch in loader:
+            logits = model(batch["input_ids"])
+            s = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), reduction="sum")
+            n = (batch["labels"] != -100).sum()
+            (s * loss_scale_factor / n).backward()
+    """,
+)
+
+
+def planted() -> list[tuple[str, str, int]]:
+    """(fixture, rule, line) for every mistake planted in fixtures/ whose rule has a probe here."""
+    out = []
+    for path in sorted((ROOT / "fixtures").glob("*.py")):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            match = re.search(r"#\s*expect:\s*(TL\d+)", line)
+            if match and match.group(1) in PROBES:
+                out.append((f"fixtures/{path.name}", match.group(1), number))
+    return out
+
+
+PLANTED = planted()
+
+
+@pytest.fixture(scope="module")
+def verified(probes_on_rules):
+    """name (or fixture path) -> its findings of the catalog's rules, verified in one run."""
+    sources: dict[str, str] = {}
+    findings = []
+    for name, (rule, code) in SNIPPETS.items():
+        path = f"{name}.py"
+        sources[path] = code
+        findings.extend(lint_source(code, path, [rule]))
+    for fixture in sorted({path for path, _, _ in PLANTED}):
+        text = (ROOT / fixture).read_text(encoding="utf-8")
+        sources[fixture] = text
+        findings.extend(lint_source(text, fixture, list(PROBES)))
+    out = verify_findings(findings, sources, device="cpu", timeout=90)
+    by_name: dict[str, list] = {}
+    for finding in out:
+        key = finding.path.removesuffix(".py") if finding.path.startswith("tl") else finding.path
+        by_name.setdefault(key, []).append(finding)
+    return by_name
+
+
+def one(verified, name):
+    found = verified.get(name, [])
+    assert len(found) == 1, f"{name}: expected one finding, got {[f.rule for f in found]}"
+    assert found[0].verify is not None
+    return found[0]
+
+
+def gloo_or_skip(verify: dict) -> dict:
+    """Skip a data-parallel check on a torch build without gloo (only then)."""
+    if verify["status"] == "not-executable" and "gloo" in verify["detail"]:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_gloo_available()):
+            pytest.skip("torch.distributed with gloo is not available")
+    return verify
+
+
+def status(verified, name) -> str:
+    return one(verified, name).verify["status"]
+
+
+def test_every_snippet_is_reported_by_its_rule(verified):
+    for name, (rule, _) in SNIPPETS.items():
+        assert [f.rule for f in verified.get(name, [])] == [rule], name
+
+
+def test_each_rule_has_a_true_bug_and_an_unbindable_snippet(verified):
+    for rule in PROBES:
+        names = [n for n, (r, _) in SNIPPETS.items() if r == rule]
+        if rule.startswith("TL50"):
+            gloo_or_skip(one(verified, names[0]).verify)
+        statuses = {status(verified, n) for n in names}
+        assert {"confirmed", "not-executable"} <= statuses, rule
+
+
+# TL102 -------------------------------------------------------------------------------------------------
+
+
+def test_tl102_update_after_a_direct_step_raises_at_the_first_step(verified):
+    finding = one(verified, "tl102_accumulation_with_update")
+    v = finding.verify
+    assert v["status"] == "confirmed"
+    assert "No inf checks were recorded prior to update" in v["evidence"]["exception"]
+    # the first optimizer step, and so the first update() without a recorded step, is iteration `accum`
+    assert v["evidence"]["failing_iteration"] == 4
+    assert v["evidence"]["fixed_vs_reference"]["max_rel"] == 0.0
+    assert finding.fix.applicability is Applicability.VERIFIED
+
+
+def test_tl102_trainer_method_with_self_roles(verified):
+    v = one(verified, "tl102_trainer_method").verify
+    assert v["status"] == "confirmed"
+    assert v["evidence"]["failing_iteration"] == 1
+    assert "AdamW(lr=3e-4, weight_decay=0.01)" in v["detail"]
+
+
+def test_tl102_sgd_applies_gradients_multiplied_by_the_loss_scale(verified):
+    v = one(verified, "tl102_sgd_scaled_gradients").verify
+    ev = v["evidence"]
+    assert v["status"] == "confirmed"
+    assert ev["applied_gradient_norm_ratio"] == pytest.approx(ev["loss_scale"], rel=1e-3)
+    assert ev["update_before_overflow_vs_reference"]["max_rel"] > 100
+    # the scaler skips the overflowing step; the direct step applies it
+    assert ev["optimizer_steps"]["as_written"] == ev["optimizer_steps"]["reference"] + 1
+    assert ev["non_finite_parameters"]["reference"] == 0
+    assert ev["non_finite_parameters"]["as_written"] > 0
+
+
+def test_tl102_unscaled_step_still_applies_an_overflowing_step(verified):
+    v = one(verified, "tl102_unscaled_but_not_skipped").verify
+    ev = v["evidence"]
+    assert v["status"] == "confirmed"
+    # unscale_ ran first: the normal steps are right, only the overflow step differs
+    assert ev["update_before_overflow_vs_reference"]["max_rel"] < 1e-3
+    assert ev["non_finite_parameters"]["as_written"] == ev["non_finite_parameters"]["of"]
+    assert "construction is not in this function" in v["detail"]
+
+
+def test_tl102_loss_computed_in_either_branch(verified):
+    v = one(verified, "tl102_loss_in_both_branches").verify
+    assert v["status"] == "confirmed"
+    assert v["evidence"]["applied_gradient_norm_ratio"] == pytest.approx(
+        v["evidence"]["loss_scale"], rel=1e-3
+    )
+
+
+def test_tl102_disabled_scaler_is_not_reproduced(verified):
+    v = one(verified, "tl102_scaler_disabled").verify
+    assert v["status"] == "not-reproduced"
+    assert v["evidence"]["optimizer_steps"]["as_written"] == v["evidence"]["optimizer_steps"]["reference"]
+
+
+def test_tl102_unbindable_name(verified):
+    v = one(verified, "tl102_unbindable").verify
+    assert v["status"] == "not-executable"
+    assert "max_grad_value" in v["detail"]
+
+
+# TL103 -------------------------------------------------------------------------------------------------
+
+
+def test_tl103_counter_window_raises_on_the_first_micro_step(verified):
+    v = one(verified, "tl103_counter_reset").verify
+    assert v["status"] == "confirmed"
+    assert v["evidence"]["failing_iteration"] == 1
+    assert "No inf checks were recorded prior to update" in v["detail"]
+
+
+def test_tl103_model_output_loss(verified):
+    v = one(verified, "tl103_hf_loss").verify
+    assert v["status"] == "confirmed"
+    assert v["evidence"]["failing_iteration"] == 1
+
+
+def test_tl103_scaler_disabled_by_the_argparse_default_is_not_reproduced(verified):
+    v = one(verified, "tl103_amp_off_by_default").verify
+    assert v["status"] == "not-reproduced"
+    assert "`args.amp` = False (argparse default)" in v["detail"]
+    # two windows of the file's accumulation count
+    assert v["evidence"]["optimizer_steps"] == {"as_written": 2, "reference": 2}
+    assert v["evidence"]["iterations"] == 8
+
+
+def test_tl103_unbindable_import(verified):
+    v = one(verified, "tl103_unbindable").verify
+    assert v["status"] == "not-executable"
+    assert "clip_gradients" in v["detail"]
+
+
+# TL104 -------------------------------------------------------------------------------------------------
+
+
+def test_tl104_unscale_inside_a_helper_then_again(verified):
+    finding = one(verified, "tl104_helper_unscales")
+    v = finding.verify
+    assert v["status"] == "confirmed"
+    assert "unscale_() has already been called" in v["evidence"]["exception"]
+    assert v["evidence"]["failing_iteration"] == 1
+    assert v["evidence"]["fixed_vs_reference"]["max_rel"] == 0.0
+
+
+def test_tl104_unscale_every_micro_step_fails_on_the_second(verified):
+    v = one(verified, "tl104_every_micro_step").verify
+    assert v["status"] == "confirmed"
+    assert v["evidence"]["failing_iteration"] == 2
+
+
+def test_tl104_disabled_scaler_is_not_reproduced(verified):
+    v = one(verified, "tl104_scaler_disabled").verify
+    assert v["status"] == "not-reproduced"
+
+
+def test_tl104_unbindable_name(verified):
+    v = one(verified, "tl104_unbindable").verify
+    assert v["status"] == "not-executable"
+    assert "log_grad_norms" in v["detail"] or "step_counter" in v["detail"]
+
+
+# TL204 -------------------------------------------------------------------------------------------------
+
+
+def test_tl204_dropout_recomputed_with_a_new_mask(verified):
+    v = one(verified, "tl204_dropout_module").verify
+    assert v["status"] == "confirmed"
+    # the forward is the same; only the recomputation in backward draws a new mask
+    assert v["evidence"]["outputs_vs_reference"]["max_rel"] == 0.0
+    assert v["evidence"]["as_written_vs_reference"]["max_rel"] > 0.01
+    assert v["evidence"]["fixed_vs_reference"]["max_rel"] == 0.0
+
+
+def test_tl204_functional_dropout_on_a_weight_argument(verified):
+    v = one(verified, "tl204_functional_dropout").verify
+    assert v["status"] == "confirmed"
+    assert "grad of input w" in v["detail"]
+
+
+def test_tl204_zero_dropout_is_not_reproduced(verified):
+    v = one(verified, "tl204_dropout_zero").verify
+    assert v["status"] == "not-reproduced"
+    assert v["evidence"]["gradients_compared"] == 4
+
+
+def test_tl204_unbindable_name(verified):
+    v = one(verified, "tl204_unbindable").verify
+    assert v["status"] == "not-executable"
+    assert "`project`" in v["detail"]
+
+
+# TL302 -------------------------------------------------------------------------------------------------
+
+
+def test_tl302_running_total_keeps_graphs_alive(verified):
+    v = one(verified, "tl302_running_total").verify
+    assert v["status"] == "confirmed"
+    growth = v["evidence"]["growth_per_iteration"]
+    assert growth["reference"] == 0
+    assert growth["as_written"] > 0
+    nodes = v["evidence"]["live_autograd_nodes"]["as_written"]
+    assert nodes == sorted(nodes) and len(set(nodes[1:])) == len(nodes) - 1  # grows every iteration
+
+
+def test_tl302_list_of_losses(verified):
+    v = one(verified, "tl302_history_list").verify
+    assert v["status"] == "confirmed"
+    assert v["evidence"]["growth_per_iteration"]["reference"] == 0
+
+
+def test_tl302_output_loss_through_accelerator_backward(verified):
+    v = one(verified, "tl302_accelerate_output_loss").verify
+    assert v["status"] == "confirmed"
+
+
+def test_tl302_unbindable_name(verified):
+    v = one(verified, "tl302_unbindable").verify
+    assert v["status"] == "not-executable"
+    assert "class_weights" in v["detail"]
+
+
+# TL303 -------------------------------------------------------------------------------------------------
+
+
+def test_tl303_zero_grad_first_keeps_only_the_last_microbatch(verified):
+    v = one(verified, "tl303_zero_grad_first").verify
+    ev = v["evidence"]
+    assert v["status"] == "confirmed"
+    assert ev["optimizer_steps"] == {"as_written": 2, "reference": 2}
+    assert all(rel > 0.1 for rel in ev["applied_gradient_max_rel"])
+    assert ev["iterations"] == 8  # two windows of accum_steps=4
+
+
+def test_tl303_model_zero_grad(verified):
+    v = one(verified, "tl303_model_zero_grad").verify
+    assert v["status"] == "confirmed"
+    assert v["evidence"]["iterations"] == 16
+
+
+def test_tl303_gradients_cleared_right_before_the_step(verified):
+    v = one(verified, "tl303_cleared_before_step").verify
+    assert v["status"] == "confirmed"
+    assert "no gradient was left for the step" in v["detail"]
+    assert "`lr_scheduler.step()` does nothing" in v["detail"]
+
+
+def test_tl303_accumulation_count_one_is_not_reproduced(verified):
+    v = one(verified, "tl303_accumulation_off_by_default").verify
+    assert v["status"] == "not-reproduced"
+    assert "`args.grad_accum` = 1 (argparse default)" in v["detail"]
+
+
+def test_tl303_unbindable_name(verified):
+    v = one(verified, "tl303_unbindable").verify
+    assert v["status"] == "not-executable"
+    assert "loss_weight" in v["detail"]
+
+
+# TL501 -------------------------------------------------------------------------------------------------
+
+
+def test_tl501_all_reduce_on_every_microbatch(verified):
+    v = gloo_or_skip(one(verified, "tl501_modulo_window").verify)
+    ev = v["evidence"]
+    assert v["status"] == "confirmed"
+    assert ev["world_size"] == 2 and ev["backend"] == "gloo"
+    # one all-reduce per synchronised backward (the tiny model fits in one bucket)
+    assert ev["allreduces_per_step"] == {"as_written": [4, 4], "with_no_sync": [1, 1]}
+    assert max(ev["applied_gradient_max_rel"]) < 1e-4  # the result is the same, only the traffic differs
+
+
+def test_tl501_micro_step_loop(verified):
+    v = gloo_or_skip(one(verified, "tl501_micro_step_loop").verify)
+    assert v["status"] == "confirmed"
+    assert v["evidence"]["allreduces_per_step"] == {"as_written": [3, 3], "with_no_sync": [1, 1]}
+
+
+def test_tl501_accumulation_count_one_is_not_reproduced(verified):
+    v = gloo_or_skip(one(verified, "tl501_accumulation_off_by_default").verify)
+    assert v["status"] == "not-reproduced"
+    assert (
+        v["evidence"]["allreduces_per_step"]["as_written"]
+        == v["evidence"]["allreduces_per_step"]["with_no_sync"]
+    )
+
+
+def test_tl501_unbindable_name(verified):
+    v = gloo_or_skip(one(verified, "tl501_unbindable").verify)
+    assert v["status"] == "not-executable"
+    assert "curriculum_weight" in v["detail"]
+
+
+# TL502 -------------------------------------------------------------------------------------------------
+
+
+def test_tl502_local_token_count_is_confirmed_and_the_global_count_matches(verified):
+    v = gloo_or_skip(one(verified, "tl502_label_count").verify)
+    ev = v["evidence"]
+    assert v["status"] == "confirmed"
+    tokens = ev["valid_tokens_per_rank"]
+    assert len(tokens) == 2 and tokens[0] != tokens[1]
+    assert ev["as_written_vs_reference"]["max_rel"] > 0.1
+    assert ev["fixed_vs_reference"]["max_rel"] < 1e-4
+
+
+def test_tl502_attention_mask_count(verified):
+    v = gloo_or_skip(one(verified, "tl502_attention_mask").verify)
+    assert v["status"] == "confirmed"
+
+
+def test_tl502_equal_counts_on_every_rank_are_not_reproduced(verified):
+    v = gloo_or_skip(one(verified, "tl502_packed_equal_counts").verify)
+    assert v["status"] == "not-reproduced"
+    tokens = v["evidence"]["valid_tokens_per_rank"]
+    assert tokens[0] == tokens[1]
+
+
+def test_tl502_unbindable_name(verified):
+    v = gloo_or_skip(one(verified, "tl502_unbindable").verify)
+    assert v["status"] == "not-executable"
+    assert "loss_scale_factor" in v["detail"]
+
+
+# fixtures ----------------------------------------------------------------------------------------------
+
+
+def test_planted_fixture_mistakes_with_a_probe_are_found():
+    assert {rule for _, rule, _ in PLANTED} == set(PROBES)
+
+
+@pytest.mark.parametrize(("path", "rule", "line"), PLANTED)
+def test_planted_fixture_mistakes_are_confirmed(verified, path, rule, line):
+    found = [f for f in verified.get(path, []) if f.rule == rule and f.line == line]
+    assert found, f"{rule} not reported at {path}:{line}"
+    for finding in found:
+        assert finding.verify["status"] == "confirmed", finding.verify["detail"]
+        assert finding.verify["evidence"]
+
+
+def test_fixture_direct_step_with_adamw_shows_both_halves_of_the_hazard(verified):
+    (finding,) = [f for f in verified["fixtures/bad_amp_loops.py"] if f.rule == "TL102"]
+    ev = finding.verify["evidence"]
+    # Adam's normalisation hides the scale in normal steps...
+    assert ev["applied_gradient_norm_ratio"] == pytest.approx(ev["loss_scale"], rel=1e-3)
+    assert ev["update_before_overflow_vs_reference"]["max_rel"] < 1e-3
+    # ...but the step the scaler would have skipped writes NaN into the weights
+    assert ev["non_finite_parameters"]["as_written"] > 0 == ev["non_finite_parameters"]["reference"]
+
+
+# pieces -------------------------------------------------------------------------------------------------
+
+
+def test_minimal_edit_keeps_the_change_and_drops_the_unchanged_text():
+    text = "for x in data:\n    a()\n    b()\n    c()\n"
+    whole = TextEdit(2, 5, 4, 8, "a()\n    c()")
+    narrow = minimal_edit(text, whole)
+    assert apply_text_edits(text, [narrow]) == apply_text_edits(text, [whole])
+    assert (narrow.line, narrow.end_line) == (3, 4) and narrow.content == ""
+
+
+@pytest.mark.cuda
+def test_cuda_path(probes_on_rules):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    names = [
+        "tl102_sgd_scaled_gradients",
+        "tl103_counter_reset",
+        "tl204_dropout_module",
+        "tl303_zero_grad_first",
+    ]
+    sources = {f"{n}.py": SNIPPETS[n][1] for n in names}
+    findings = [f for n in names for f in lint_source(SNIPPETS[n][1], f"{n}.py", [SNIPPETS[n][0]])]
+    out = verify_findings(findings, sources, device="cuda", timeout=90)
+    for finding in out:
+        assert finding.verify["device"] == "cuda", finding.verify
+        assert finding.verify["status"] == "confirmed", finding.verify["detail"]
+
+
+# containment -------------------------------------------------------------------------------------------
+
+DIST_RUNAWAY = textwrap.dedent(
+    """
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    dist.init_process_group("nccl")
+
+
+    def preprocess(ids):
+        while True:
+            pass
+
+
+    def fine(model, loader):
+        for batch in loader:
+            logits = model(batch["input_ids"])
+            s = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), reduction="sum")
+            n = (batch["labels"] != -100).sum()
+            (s / n).backward()
+
+
+    def spins(model, loader):
+        for batch in loader:
+            input_ids = preprocess(batch["input_ids"])
+            labels = batch["labels"]
+            logits = model(input_ids)
+            s = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum")
+            n = (labels != -100).sum()
+            (s / n).backward()
+    """
+)
+
+
+def test_data_parallel_snippet_that_never_returns_is_killed(probes_on_rules):
+    findings = lint_source(DIST_RUNAWAY, "runaway_ddp.py", ["TL502"])
+    assert len(findings) == 2
+    out = {
+        f.line: f.verify
+        for f in verify_findings(findings, {"runaway_ddp.py": DIST_RUNAWAY}, device="cpu", timeout=15)
+    }
+    fine, spins = (gloo_or_skip(out[line]) for line in sorted(out))
+    assert fine["status"] == "confirmed"
+    assert spins["status"] == "not-executable"
+    assert "did not finish within 15s" in spins["detail"]
