@@ -87,3 +87,35 @@ def test_verify_leaves_findings_without_a_probe_alone(monkeypatch, capsys) -> No
     assert code == 1
     (finding,) = data["findings"]
     assert "verify" not in finding
+
+
+@needs_torch
+def test_device_cuda_without_cuda_says_it_ran_on_cpu(monkeypatch, capsys) -> None:
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    has_cuda = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    if spec is None or has_cuda == "True":
+        pytest.skip("this machine has CUDA")
+    monkeypatch.chdir(ROOT)
+    run(
+        [
+            "--no-cache",
+            "--verify",
+            "--device",
+            "cuda",
+            "--select",
+            "TL301",
+            "--format",
+            "json",
+            "fixtures/bad_finetune_half.py",
+        ]
+    )
+    (finding,) = json.loads(capsys.readouterr().out)["findings"]
+    assert finding["verify"]["device"] == "cpu"
+    assert finding["verify"]["detail"].startswith("--device cuda was asked for but CUDA is not available")

@@ -2264,9 +2264,15 @@ def _main(argv: list[str]) -> int:
     spec_path, result_path = argv[0], argv[1]
     with open(spec_path, encoding="utf-8") as fh:
         job = json.load(fh)
-    device = job["device"]
+    requested = device = job["device"]
     if device in ("auto", "cuda"):
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    # `--device cuda` on a machine without CUDA still runs, on the CPU, and every verdict says so.
+    fallback_note = (
+        "--device cuda was asked for but CUDA is not available: ran on cpu. "
+        if requested == "cuda" and device == "cpu"
+        else ""
+    )
     setup_process(device)
     for probe in job["probes"]:
         with open(result_path, "a", encoding="utf-8") as fh:
@@ -2275,6 +2281,8 @@ def _main(argv: list[str]) -> int:
         out = run_probe(probe, float(job["timeout"]))
         out["id"] = probe["id"]
         out.setdefault("device", device)
+        if fallback_note:
+            out["detail"] = fallback_note + out.get("detail", "")
         out["torch"] = torch.__version__.split("+")[0]
         with open(result_path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(out) + "\n")
