@@ -34,15 +34,10 @@ PROBES = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def probes_on_rules():
-    """Name each rule's probe (the rules declare ``probe = ...`` themselves once wired)."""
-    with pytest.MonkeyPatch.context() as mp:
-        for rule_id, probe in PROBES.items():
-            rule = registry().get(rule_id)
-            if rule is not None and rule.probe is None:
-                mp.setattr(rule, "probe", probe)
-        yield
+def test_rules_declare_these_probes() -> None:
+    for rule_id, probe in PROBES.items():
+        rule = registry().get(rule_id)
+        assert rule is not None and rule.probe == probe, rule_id
 
 
 # --------------------------------------------------------------------------------------------------
@@ -640,7 +635,7 @@ FIXTURES = ("fixtures/bad_gpt_amp.py", "fixtures/bad_finetune_half.py")
 
 
 @pytest.fixture(scope="module")
-def verified(probes_on_rules):
+def verified():
     """name -> the snippet's findings of its rule, verified (all snippets and fixtures in one run)."""
     sources: dict[str, str] = {}
     findings = []
@@ -988,7 +983,7 @@ RUNAWAY = textwrap.dedent(
 )
 
 
-def test_runaway_snippets_are_contained_and_reported(probes_on_rules):
+def test_runaway_snippets_are_contained_and_reported():
     findings = lint_source(RUNAWAY, "runaway.py", ["TL201"])
     assert len(findings) == 4
     out = {
@@ -1015,7 +1010,7 @@ def test_probe_that_hangs_in_native_code_is_killed():
     assert "killed" in result["detail"]
 
 
-def test_findings_without_a_probe_are_returned_unchanged(probes_on_rules):
+def test_findings_without_a_probe_are_returned_unchanged():
     code = "import torch\nfor p in model.parameters():\n    total += p.sum()\n"
     findings = lint_source(code, "plain.py", None)
     assert verify_findings(findings, {"plain.py": code}, device="cpu", timeout=5) == findings
@@ -1048,7 +1043,7 @@ def test_argparse_defaults():
 
 
 @pytest.mark.cuda
-def test_cuda_path(probes_on_rules):
+def test_cuda_path():
     import torch
 
     if not torch.cuda.is_available():

@@ -35,15 +35,10 @@ PROBES = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def probes_on_rules():
-    """Name each rule's probe where the rule does not declare it yet."""
-    with pytest.MonkeyPatch.context() as mp:
-        for rule_id, probe in PROBES.items():
-            rule = registry().get(rule_id)
-            if rule is not None and rule.probe is None:
-                mp.setattr(rule, "probe", probe)
-        yield
+def test_rules_declare_these_probes() -> None:
+    for rule_id, probe in PROBES.items():
+        rule = registry().get(rule_id)
+        assert rule is not None and rule.probe == probe, rule_id
 
 
 SNIPPETS: dict[str, tuple[str, str]] = {}
@@ -804,7 +799,7 @@ PLANTED = planted()
 
 
 @pytest.fixture(scope="module")
-def verified(probes_on_rules):
+def verified():
     """name (or fixture path) -> its findings of the catalog's rules, verified in one run."""
     sources: dict[str, str] = {}
     findings = []
@@ -1182,7 +1177,7 @@ def test_minimal_edit_keeps_the_change_and_drops_the_unchanged_text():
 
 
 @pytest.mark.cuda
-def test_cuda_path(probes_on_rules):
+def test_cuda_path():
     import torch
 
     if not torch.cuda.is_available():
@@ -1236,7 +1231,7 @@ DIST_RUNAWAY = textwrap.dedent(
 )
 
 
-def test_data_parallel_snippet_that_never_returns_is_killed(probes_on_rules):
+def test_data_parallel_snippet_that_never_returns_is_killed():
     findings = lint_source(DIST_RUNAWAY, "runaway_ddp.py", ["TL502"])
     assert len(findings) == 2
     out = {
