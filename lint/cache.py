@@ -1,104 +1,170 @@
-"""The result cache: one JSON file per (file content, trainlint code, rule set, options) key.
+"""The result cache: one small JSON file per (file content, trainlint code, rule set, options) key.
 
-Writes go to a temporary file renamed into place, so concurrent runs never read half a file.
+Layout: ``<cache dir>/<code fingerprint>/<key[:2]>/<key>.json``. The key hashes the file's decoded
+text (what the engine sees), the path it is reported under and the per-file options (the active rules after ``per-file-ignores``,
+severity overrides, the prefilter switch); the fingerprint hashes trainlint's own source, its version,
+the Python and libcst versions. Anything that can change a finding changes the key, so entries are
+never invalidated in place: a changed file, rule selection or configuration simply looks up another key.
+
+Entries are written by whoever linted the file (a worker process or the main one), from the very text
+it linted, to a temporary file renamed into place: concurrent runs never read half an entry, and two
+runs writing the same key write the same content. A damaged or unreadable entry is a miss, and a
+read-only or full disk only costs speed. Folders of other trainlint versions left unused for a week
+are removed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
+import importlib.util
 import json
 import os
+import shutil
+import sys
 import tempfile
+import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trainlint import __version__
-from trainlint.files import decode
+from trainlint.files import read_source
 from trainlint.rule import Finding
 
 if TYPE_CHECKING:
     from trainlint.engine import FileResult, LintOptions
 
 Job = tuple[str, str, "LintOptions"]
+Outcome = tuple["FileResult", "str | None"]
+
+FORMAT = 2  # bump when the entry layout changes
+STALE_AFTER_S = 7 * 24 * 3600
+_MARKER = ".last-used"
+_PREPARED: set[str] = set()  # cache folders this process has set up
+
+
+def _libcst_version() -> str:
+    """libcst's version without importing it (a warm run need not load the parser)."""
+    spec = importlib.util.find_spec("libcst")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        try:
+            return (Path(folder) / "_version.py").read_text(encoding="utf-8")
+        except OSError:
+            continue
+    return ""
 
 
 @functools.cache
 def code_fingerprint() -> str:
-    """A hash of trainlint's own source, so that a changed rule never serves stale results."""
-    digest = hashlib.sha256(__version__.encode())
+    """A hash of everything besides the file and options that decides findings: trainlint's own
+    source (a changed rule never serves stale results), its version, Python's and libcst's."""
+    digest = hashlib.sha256(f"{FORMAT}\0{__version__}\0{sys.version}\0{_libcst_version()}".encode())
     import trainlint
     import trainlint.rules
 
     for package in (trainlint, trainlint.rules):
         for folder in package.__path__:
             for path in sorted(Path(folder).rglob("*.py")):
-                digest.update(path.name.encode())
+                digest.update(path.relative_to(folder).as_posix().encode())
+                digest.update(b"\0")
                 digest.update(path.read_bytes())
+                digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def entry_key(fingerprint: str, shown: str, options: LintOptions, text: str) -> str:
+    digest = hashlib.sha256()
+    for part in (fingerprint, shown, repr(options)):
+        digest.update(part.encode("utf-8", "surrogatepass"))
+        digest.update(b"\0")
+    digest.update(text.encode("utf-8", "surrogatepass"))
     return digest.hexdigest()
 
 
 class ResultCache:
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self._keys: dict[str, tuple[str, bytes]] = {}
+    """Lookups happen in the main process; ``store`` runs wherever the file was linted. Picklable."""
 
-    def _key(self, job: Job) -> tuple[str, bytes] | None:
-        fs_path, shown, options = job
-        try:
-            data = Path(fs_path).read_bytes()
-        except OSError:
-            return None
-        digest = hashlib.sha256()
-        for part in (code_fingerprint(), shown, repr(options)):
-            digest.update(part.encode())
-            digest.update(b"\0")
-        digest.update(data)
-        return digest.hexdigest(), data
+    def __init__(self, folder: Path, fingerprint: str | None = None) -> None:
+        self.folder = Path(folder)
+        self.fingerprint = fingerprint or code_fingerprint()
+        self.root = self.folder / self.fingerprint[:16]
+
+    # -- reading -------------------------------------------------------------------------------------
+    def key(self, job: Job, text: str) -> str:
+        return entry_key(self.fingerprint, job[1], job[2], text)
 
     def _file(self, key: str) -> Path:
-        return self.folder / key[:2] / f"{key}.json"
+        return self.root / key[:2] / f"{key}.json"
 
-    def get(self, job: Job) -> tuple[FileResult, str | None] | None:
+    def get(self, job: Job) -> Outcome | None:
+        """The cached outcome of linting ``job``'s file as it is now on disk, or None."""
         from trainlint.engine import FileResult
 
-        keyed = self._key(job)
-        if keyed is None:
-            return None
-        key, data = keyed
-        self._keys[job[0]] = keyed
+        text = read_source(Path(job[0])).text  # safe on FIFOs, huge files, undecodable bytes
+        if text is None:
+            return None  # unreadable: linted (and reported) afresh, never cached
         try:
-            payload = json.loads(self._file(key).read_text(encoding="utf-8"))
+            with open(self._file(self.key(job, text)), encoding="utf-8") as handle:
+                payload = json.load(handle)
             findings = [Finding.from_json(f) for f in payload["findings"]]
             result = FileResult(job[1], findings, payload["errors"], payload["parsed"])
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
-        text = decode(data).text if findings else None
-        return result, text
+        # the text is only needed for code frames (and fixes) when there are findings
+        return result, (text if findings else None)
 
-    def put(self, job: Job, outcome: tuple[FileResult, str | None] | None) -> None:
-        if outcome is None:
-            return
-        result = outcome[0]
+    # -- writing -------------------------------------------------------------------------------------
+    def store(self, job: Job, text: str, result: FileResult) -> None:
+        """Record the outcome of linting ``text`` (exactly what was linted, not the file as it is now)."""
         if any("internal error" in e.get("message", "") for e in result.errors):
             return  # never cache the tool's own failures
-        keyed = self._keys.get(job[0]) or self._key(job)
-        if keyed is None:
-            return
-        target = self._file(keyed[0])
-        payload = {
+        payload: dict[str, Any] = {
             "findings": [f.to_json() for f in result.findings],
             "errors": result.errors,
             "parsed": result.parsed,
         }
+        target = self._file(self.key(job, text))
         try:
+            self._prepare()
             target.parent.mkdir(parents=True, exist_ok=True)
-            gitignore = self.folder / ".gitignore"
-            if not gitignore.exists():
-                gitignore.write_text("*\n", encoding="utf-8")
-            fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".tmp")
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump(payload, handle)
-            os.replace(tmp, target)
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                    json.dump(payload, handle, separators=(",", ":"))
+                os.replace(tmp, target)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
         except OSError:
             pass  # a read-only or full disk only costs speed
+
+    def _prepare(self) -> None:
+        """Once per process that writes: the folder's .gitignore, the use marker, stale versions."""
+        if str(self.root) in _PREPARED:
+            return
+        _PREPARED.add(str(self.root))
+        self.root.mkdir(parents=True, exist_ok=True)
+        gitignore = self.folder / ".gitignore"
+        if not gitignore.exists():
+            gitignore.write_text("*\n", encoding="utf-8")
+        marker = self.root / _MARKER
+        now = time.time()
+        try:
+            fresh = now - marker.stat().st_mtime < 3600
+        except OSError:
+            fresh = False
+        if fresh:
+            return
+        marker.touch()
+        with os.scandir(self.folder) as entries:
+            for entry in entries:
+                if entry.name == self.root.name or not entry.is_dir(follow_symlinks=False):
+                    continue
+                try:
+                    last = os.stat(os.path.join(entry.path, _MARKER)).st_mtime
+                except OSError:
+                    continue  # not one of ours: leave it alone
+                if now - last > STALE_AFTER_S:
+                    shutil.rmtree(entry.path, ignore_errors=True)

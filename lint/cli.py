@@ -24,7 +24,7 @@ from trainlint.config import (
     load_config,
     select_rules,
 )
-from trainlint.engine import FileResult, LintOptions, lint_text, unreadable
+from trainlint.engine import FileResult, LintOptions, lint_text, unreadable, with_configured_severity
 from trainlint.files import DEFAULT_EXCLUDES, discover, read_source
 from trainlint.report import RunReport
 from trainlint.rule import registry
@@ -111,14 +111,20 @@ def _display_path(path: Path) -> str:
         return path.as_posix()
 
 
-def _lint_one(job: tuple[str, str, LintOptions]) -> tuple[FileResult, str | None]:
-    """Worker: read and lint one file. Returns the text only when it is needed for code frames."""
+def _lint_one(
+    job: tuple[str, str, LintOptions], cache: ResultCache | None = None
+) -> tuple[FileResult, str | None]:
+    """Worker: read and lint one file, and record the outcome in the cache (from the very text that
+    was linted, so a file edited during the run is never cached under the wrong content). Returns the
+    text only when it is needed for code frames."""
     fs_path, shown, options = job
     source = read_source(Path(fs_path))
     if source.text is None:
         result = FileResult(shown)
         if "TL902" in options.rule_ids:
-            result.findings.append(unreadable(shown, source.error or "unknown error"))
+            result.findings.append(
+                with_configured_severity(unreadable(shown, source.error or "unknown error"), options)
+            )
         return result, None
     try:
         result = lint_text(source.text, shown, options)
@@ -126,6 +132,8 @@ def _lint_one(job: tuple[str, str, LintOptions]) -> tuple[FileResult, str | None
         result = FileResult(
             shown, errors=[{"path": shown, "message": f"internal error: {type(exc).__name__}: {exc}"}]
         )
+    if cache is not None:
+        cache.store(job, source.text, result)
     return result, (source.text if result.findings else None)
 
 
@@ -176,6 +184,9 @@ def run(argv: Sequence[str] | None = None, stdin: str | None = None) -> int:
     except ConfigError as exc:
         err.print(f"trainlint: error: {exc}", markup=False)
         return EXIT_ERROR
+    if args.jobs is not None and args.jobs < 1:
+        err.print(f"trainlint: error: --jobs must be at least 1, got {args.jobs}", markup=False)
+        return EXIT_ERROR
     rule_ids = select_rules(select, extend, ignore)
     severity = tuple(sorted((k, v.value) for k, v in config.severity.items()))
 
@@ -202,7 +213,11 @@ def run(argv: Sequence[str] | None = None, stdin: str | None = None) -> int:
         stdin_text = stdin if stdin is not None else sys.stdin.read()
         shown = args.stdin_filename or "<stdin>"
         options = LintOptions(_rule_ids_for(config, rule_ids, shown), severity)
-        result = lint_text(stdin_text, shown, options)
+        try:
+            result = lint_text(stdin_text, shown, options)
+        except Exception as exc:  # the engine itself failed: report it like a file's failure
+            message = f"internal error: {type(exc).__name__}: {exc}"
+            result = FileResult(shown, errors=[{"path": shown, "message": message}])
         results.append((result, stdin_text))
         file_count = 1
     else:
@@ -342,6 +357,21 @@ def _run_jobs(
     cache: ResultCache | None,
     err: Console,
 ) -> list[tuple[FileResult, str | None]]:
+    """Lint every job: cache hits first, the rest in worker processes when that pays off.
+
+    Results keep the order of ``jobs_list`` whatever order the workers finish in."""
+    import multiprocessing
+    from concurrent.futures.process import BrokenProcessPool
+
+    def isolated(job: tuple[str, str, LintOptions]) -> tuple[FileResult, str | None]:
+        """``_lint_one`` in a process of its own: its death becomes an error for this file alone."""
+        try:
+            with ProcessPoolExecutor(max_workers=1, mp_context=context) as single:
+                return single.submit(_lint_one, job, cache).result()
+        except BrokenProcessPool:
+            message = "internal error: the process linting this file died (out of memory, or a crash in native code)"
+            return FileResult(job[1], errors=[{"path": job[1], "message": message}]), None
+
     results: list[tuple[FileResult, str | None] | None] = [None] * len(jobs_list)
     todo: list[int] = []
     for i, job in enumerate(jobs_list):
@@ -350,8 +380,32 @@ def _run_jobs(
             results[i] = hit
         else:
             todo.append(i)
-    workers = jobs if jobs is not None else (os.cpu_count() or 1)
+    sizes = {}
+    for i in todo:
+        try:
+            sizes[i] = os.stat(jobs_list[i][0]).st_size
+        except OSError:
+            sizes[i] = 0
+    # Largest files first: the last tasks are the smallest, so no worker is left alone with a big one.
+    todo.sort(key=lambda i: -sizes[i])
+    if jobs is not None:
+        workers = jobs
+    elif hasattr(os, "sched_getaffinity"):
+        workers = len(os.sched_getaffinity(0))  # the cores this process may use, not the machine's
+    else:
+        workers = os.cpu_count() or 1
     workers = max(1, min(workers, len(todo)))
+    # Starting workers costs tens of milliseconds: not worth it for a few small files (a pre-commit run).
+    parallel = workers > 1 and sum(sizes.values()) >= 64 * 1024
+    context = multiprocessing.get_context("fork") if sys.platform == "linux" else None
+    pool = outcomes = None
+    if parallel:
+        # fork: workers start with trainlint and libcst already imported (spawn would import them
+        # again in each). ``map`` submits at once, so the workers are forked before any thread of
+        # ours (the progress bar) runs.
+        pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+        chunk = max(1, len(todo) // (workers * 32))
+        outcomes = pool.map(_lint_one, [jobs_list[i] for i in todo], [cache] * len(todo), chunksize=chunk)
     progress = None
     if err.is_terminal and len(todo) > 50:
         from rich.progress import Progress
@@ -360,26 +414,30 @@ def _run_jobs(
         progress.start()
         task = progress.add_task("linting", total=len(todo))
     try:
-        if workers > 1 and len(todo) > 4:
-            with ProcessPoolExecutor(max_workers=workers) as pool:
-                chunk = max(1, len(todo) // (workers * 8))
-                for i, res in zip(
-                    todo, pool.map(_lint_one, [jobs_list[i] for i in todo], chunksize=chunk), strict=True
-                ):
-                    results[i] = res
+        if outcomes is not None:
+            try:
+                for i, outcome in zip(todo, outcomes, strict=True):
+                    results[i] = outcome
                     if progress:
                         progress.advance(task)
+            except BrokenProcessPool:
+                # A worker died (killed, out of memory, a crash in native code). Lint what is left one
+                # file per fresh process, so that only the file that kills its process is reported.
+                for i in todo:
+                    if results[i] is None:
+                        results[i] = isolated(jobs_list[i])
+                        if progress:
+                            progress.advance(task)
         else:
             for i in todo:
-                results[i] = _lint_one(jobs_list[i])
+                results[i] = _lint_one(jobs_list[i], cache)
                 if progress:
                     progress.advance(task)
     finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
         if progress:
             progress.stop()
-    if cache:
-        for i in todo:
-            cache.put(jobs_list[i], results[i])
     return [r for r in results if r is not None]
 
 
@@ -390,3 +448,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return EXIT_CLEAN
+    except Exception as exc:  # a bug in trainlint: one line, exit 2, never a traceback
+        print(f"trainlint: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_ERROR

@@ -7,6 +7,7 @@ One file's failure (unreadable, unparsable, a rule raising) becomes a finding or
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 import sys
 import threading
@@ -306,6 +307,12 @@ def _syntax_ok_fast(text: str) -> bool:
     return True
 
 
+def with_configured_severity(finding: Finding, options: LintOptions) -> Finding:
+    """An engine-made finding (TL901/TL902) with the severity the configuration sets for its rule."""
+    level = dict(options.severity).get(finding.rule)
+    return dataclasses.replace(finding, severity=Severity(level)) if level else finding
+
+
 def lint_text(text: str, path: str, options: LintOptions) -> FileResult:
     """Lint one file's decoded text, reported under ``path``. Never raises for any input text."""
     result = FileResult(path)
@@ -315,9 +322,11 @@ def lint_text(text: str, path: str, options: LintOptions) -> FileResult:
 
     def report(finding: Finding) -> FileResult:
         if finding.rule in options.rule_ids:
-            result.findings.append(finding)
+            result.findings.append(with_configured_severity(finding, options))
         return result
 
+    if "\x00" in text:  # the same verdict for a file and for stdin
+        return report(unreadable(path, "binary content (NUL bytes): not a Python source file"))
     if len(text) > MAX_SOURCE_BYTES:
         return report(unreadable(path, too_large(len(text))))
     if not text.isascii():
@@ -348,7 +357,7 @@ def _lint_parsed(
         # CSTValidationError: libcst's tokenizer accepted what its node checks reject (an identifier
         # with a character Python does not allow, found by the fuzz tests).
         if "TL901" in options.rule_ids:
-            result.findings.append(_syntax_error(path, text, exc))
+            result.findings.append(with_configured_severity(_syntax_error(path, text, exc), options))
         return result
     except BaseException as exc:  # libcst's native parser panicking (PanicException is a BaseException)
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):

@@ -624,9 +624,9 @@ class TokenEvidence:
                 return not _class_count(args[1])
             if name == "flatten":
                 end = keyword(logits, "end_dim")
-                if len(args) >= 2 and _int_value(args[0]) == 0 and _int_value(args[1]) in (1, -2):
+                if len(args) >= 2 and int_value(args[0]) == 0 and int_value(args[1]) in (1, -2):
                     return True
-                if end is not None and _int_value(end.value) in (1, -2):
+                if end is not None and int_value(end.value) in (1, -2):
                     return True
             if name in ("float", "contiguous", "to"):
                 return self._flattened_sequence(logits.func.value, scope, depth)
@@ -687,10 +687,11 @@ class TokenEvidence:
 
 
 def _is_minus_one(expr: cst.CSTNode) -> bool:
-    return _int_value(expr) == -1
+    return int_value(expr) == -1
 
 
-def _int_value(expr: cst.CSTNode | None) -> int | None:
+def int_value(expr: cst.CSTNode | None) -> int | None:
+    """The value of an integer literal (``3``, ``0x3``, ``1_000``, ``-1``), else None."""
     if isinstance(expr, cst.Integer):
         return int(expr.value, 0)
     if (
@@ -716,14 +717,14 @@ def _subscript_key(expr: cst.Subscript) -> str | int | None:
         value = element.value
         if isinstance(value, cst.SimpleString):
             return string_value(value)
-        return _int_value(value)
+        return int_value(value)
     return None
 
 
 def _slices_from_one(expr: cst.Subscript) -> bool:
     for element in expr.slice:
         inner = element.slice
-        if isinstance(inner, cst.Slice) and _int_value(inner.lower) == 1 and inner.upper is None:
+        if isinstance(inner, cst.Slice) and int_value(inner.lower) == 1 and inner.upper is None:
             return True
     return False
 

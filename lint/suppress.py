@@ -5,7 +5,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-NOQA = re.compile(r"#\s*noqa(?::[\s]*(?P<ids>[A-Za-z]+[0-9]*(?:[\s,]+[A-Za-z]+[0-9]*)*))?", re.IGNORECASE)
+from trainlint.model import LINE_BREAK
+
+# `# noqa: TL201, TL203` names full codes, as in Ruff; a `# noqa:` whose list does not parse
+# suppresses nothing (never everything). Prefixes such as `TL4` are for disable-file only.
+NOQA = re.compile(
+    r"#\s*noqa(?P<colon>\s*:\s*(?P<ids>[A-Za-z]+[0-9]+(?:[\s,]+[A-Za-z]+[0-9]+)*)?)?", re.IGNORECASE
+)
 DISABLE_FILE = re.compile(r"^\s*#\s*trainlint:\s*disable-file\s*=\s*(?P<ids>[A-Za-z0-9, ]+)", re.IGNORECASE)
 
 
@@ -20,7 +26,7 @@ class Suppressions:
         if line not in self.by_line:
             return False
         ids = self.by_line[line]
-        return ids is None or any(rule_id.startswith(p) for p in ids)
+        return ids is None or rule_id in ids
 
 
 def _ids(text: str) -> set[str]:
@@ -29,9 +35,9 @@ def _ids(text: str) -> set[str]:
 
 def parse_suppressions(source: str) -> Suppressions:
     out = Suppressions()
-    if "noqa" not in source and "trainlint:" not in source:
+    if "noqa" not in source.lower() and "trainlint:" not in source:
         return out
-    for number, line in enumerate(source.splitlines(), start=1):
+    for number, line in enumerate(LINE_BREAK.split(source), start=1):
         if "#" not in line:
             continue
         disable = DISABLE_FILE.match(line)
@@ -39,7 +45,10 @@ def parse_suppressions(source: str) -> Suppressions:
             out.file_ids |= _ids(disable.group("ids"))
             continue
         match = NOQA.search(line)
-        if match:
-            ids = match.group("ids")
-            out.by_line[number] = _ids(ids) if ids else None
+        if match is None:
+            continue
+        if match.group("colon") is None:
+            out.by_line[number] = None
+        elif match.group("ids"):
+            out.by_line[number] = _ids(match.group("ids"))
     return out

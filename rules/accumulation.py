@@ -58,7 +58,7 @@ def _reciprocal(expr: cst.BaseExpression) -> cst.BaseExpression | None:
         isinstance(expr, cst.BinaryOperation)
         and isinstance(expr.operator, cst.Divide)
         and isinstance(expr.left, cst.Integer | cst.Float)
-        and float(expr.left.value) == 1.0
+        and float(expr.left.evaluated_value) == 1.0
     ):
         return expr.right
     return None

@@ -377,10 +377,11 @@ class ClipBeforeUnscale(Rule):
         if any(window_start < e.order < clip.order for e in steps):
             return  # the clip follows a step: not this rule's concern
         unscales = [e for e in events if e.kind == "unscale" and on_path(e)]
-        if any(e.order < clip.order for e in unscales):
+        # only an unscale_ after the scaled backward counts: one before it leaves these gradients scaled
+        if any(window_start < e.order < clip.order for e in unscales):
             return
         if any(
-            other.order < clip.order and helper_does(model, training, other, "unscale")
+            window_start < other.order < clip.order and helper_does(model, training, other, "unscale")
             for other in model.calls_in(site.scope)
             if not exclusive(other.frames, site.frames)
         ):
@@ -446,6 +447,12 @@ class ClipBeforeUnscale(Rule):
             f.node is statement for f in site.frames
         ):
             return None  # `if x: clip(...)` on one line: an insertion before it would be unconditional
+        if isinstance(statement, cst.SimpleStatementLine) and not any(
+            node is site.node for node in walk(statement.body[0])
+        ):
+            return (
+                None  # `backward(); clip(...)` on one line: inserting before the line precedes the backward
+            )
         indent = indentation(model, statement)
         if indent is None:
             return None
@@ -2096,7 +2103,9 @@ def is_infinite(model: FileModel, expr: cst.BaseExpression | None, scope: Scope)
     if isinstance(expr, cst.Call) and model.qualname(expr.func, scope) == "builtins.float":
         args = positional(expr)
         return (
-            bool(args) and isinstance(args[0], cst.SimpleString) and "inf" in args[0].evaluated_value.lower()
+            bool(args)
+            and isinstance(args[0], cst.SimpleString)
+            and "inf" in str(args[0].evaluated_value).lower()
         )
     return model.qualname(expr, scope) in INFINITIES
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import libcst as cst
 
-from trainlint.evidence import frames_inside, innermost_loop
+from trainlint.evidence import frames_inside, innermost_loop, int_value
 from trainlint.model import (
     FileModel,
     Frame,
@@ -1052,8 +1052,8 @@ class MaterializedAttentionScores(Rule):
                         inner = element.slice
                         if (
                             isinstance(inner, cst.Slice)
-                            and (inner.lower is None or _int(inner.lower) == 0)
-                            and _int(inner.upper) == 1
+                            and (inner.lower is None or int_value(inner.lower) == 0)
+                            and int_value(inner.upper) == 1
                         ):
                             return True
         return False
@@ -1077,7 +1077,7 @@ class MaterializedAttentionScores(Rule):
         if isinstance(right, cst.Attribute) and right.attr.value == "mT":
             return left, right
         if isinstance(right, cst.Call) and attr_name(right) in ("transpose", "swapaxes"):
-            args = [_int(a) for a in positional(right)]
+            args = [int_value(a) for a in positional(right)]
             if len(args) == 2 and None not in args and {args[0], args[1]} in ({-2, -1}, {2, 3}):
                 return left, right
         return None
@@ -1248,15 +1248,3 @@ def _expressible(expr: cst.CSTNode, roots: set[int], names: set[str], mode: str)
             args = positional(expr)
             return bool(args) and _expressible(args[0], roots, names, mode)
     return False
-
-
-def _int(expr: cst.CSTNode | None) -> int | None:
-    if isinstance(expr, cst.Integer):
-        return int(expr.value)
-    if (
-        isinstance(expr, cst.UnaryOperation)
-        and isinstance(expr.operator, cst.Minus)
-        and isinstance(expr.expression, cst.Integer)
-    ):
-        return -int(expr.expression.value)
-    return None

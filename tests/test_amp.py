@@ -978,3 +978,28 @@ def test_tl109_a_scaler_variable_from_elsewhere_suppresses(lint) -> None:
             loss_scaler.step(opt)
     """
     assert lint(code, "TL109") == []
+
+
+def test_tl101_an_unscale_before_the_scaled_backward_does_not_count(lint) -> None:
+    code = """
+    import torch
+    scaler = torch.amp.GradScaler("cuda")
+    scaler.unscale_(opt)
+    scaler.scale(loss).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(opt)
+    scaler.update()
+    """
+    assert [(f.rule, f.line) for f in lint(code, "TL101")] == [("TL101", 6)]
+
+
+def test_tl101_no_fix_when_the_clip_shares_a_line_with_the_backward(lint) -> None:
+    code = """
+    import torch
+    scaler = torch.amp.GradScaler("cuda")
+    scaler.scale(loss).backward(); torch.nn.utils.clip_grad_norm_(params, 1.0)
+    scaler.step(opt)
+    scaler.update()
+    """
+    (finding,) = lint(code, "TL101")
+    assert finding.fix is None

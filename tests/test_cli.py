@@ -445,3 +445,57 @@ def test_cache_dir_flag(project, capsys) -> None:
     assert code == 1
     assert list((project / "elsewhere").rglob("*.json"))
     assert not (project / ".trainlint_cache").exists()
+
+
+def test_noqa_takes_full_codes_only(project, capsys) -> None:
+    src = project / "src"
+    (src / "bad.py").write_text(BAD.replace("checkpoint(block, x)", "checkpoint(block, x)  # noqa: TL"))
+    (src / "prefix.py").write_text(BAD.replace("checkpoint(block, x)", "checkpoint(block, x)  # noqa: TL2"))
+    _, data = json_run(capsys, "src")
+    assert sorted(f["path"] for f in data["findings"]) == ["src/bad.py", "src/prefix.py"]
+
+
+def test_severity_override_applies_to_parse_problems(project, capsys) -> None:
+    (project / "src" / "broken.py").write_text("def (:\n")
+    (project / "pyproject.toml").write_text('[tool.trainlint]\nseverity = { TL901 = "warning" }\n')
+    _, data = json_run(capsys, "src")
+    assert {f["rule"]: f["severity"] for f in data["findings"]}["TL901"] == "warning"
+
+
+def test_nul_bytes_on_stdin_are_tl902_as_for_a_file(project, capsys) -> None:
+    _, data = json_run(capsys, "-", "--stdin-filename", "x.py", stdin="x = 1\x00\n")
+    assert [f["rule"] for f in data["findings"]] == ["TL902"]
+
+
+def test_jobs_below_one_is_a_usage_error(project, capsys) -> None:
+    code, _, err = run_cli(capsys, "--jobs", "0", "src")
+    assert code == 2
+    assert "--jobs must be at least 1" in err
+
+
+def test_unusual_literals_do_not_crash_rules(project, capsys) -> None:
+    (project / "src" / "odd.py").write_text(
+        "import torch\nimport torch.nn as nn\n\n"
+        "class A(nn.Module):\n    def forward(self, q, k, v):\n"
+        "        s = q @ k.transpose(0x2, 0x3)\n        return s.softmax(-1) @ v\n\n"
+        "def train(model, loader, opt, accum_steps):\n    for x, y in loader:\n"
+        "        loss = model(x, labels=y).loss\n        loss = loss * (0b1 / accum_steps)\n"
+        "        loss.backward()\n        opt.step()\n"
+        "        torch.nn.utils.clip_grad_norm_(model.parameters(), float(b'inf'))\n"
+    )
+    code, data = json_run(capsys, "src/odd.py")
+    assert data["errors"] == []
+    assert code == 1  # TL405 on the hand-written attention
+
+
+def test_errors_without_findings_do_not_say_all_checks_passed(project, capsys, monkeypatch) -> None:
+    from trainlint.rules import checkpoint as checkpoint_rules
+
+    def boom(self, model):
+        raise RuntimeError("rule bug")
+
+    monkeypatch.setattr(checkpoint_rules.CheckpointUseReentrant, "check", boom)
+    code, out, err = run_cli(capsys, "--no-cache", "src")
+    assert code == 2
+    assert "All checks passed" not in out
+    assert "internal error in TL201" in err

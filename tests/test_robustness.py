@@ -401,7 +401,7 @@ def test_notebooks_are_not_linted(tree, capsys) -> None:
 def test_stdin_with_hostile_text_does_not_crash(capsys) -> None:
     cases = [
         ("x = " + "(" * 3000 + ")" * 3000, "TL901"),
-        ("x = 1\x00\n", "TL901"),
+        ("x = 1\x00\n", "TL902"),  # NUL bytes: binary content, as for a file
         ("print 'x'\n", "TL901"),
         ("s = '\udcff'\n", "TL902"),  # undecodable stdin bytes arrive as lone surrogates
     ]

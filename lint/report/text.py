@@ -79,7 +79,9 @@ def describe_verify(verify: dict) -> str:
 def summary_line(report: RunReport, *, unsafe_fixes: bool = False) -> str:
     n = len(report.findings)
     files = f"{report.files} file{'s' if report.files != 1 else ''}"
-    if n == 0:
+    if n == 0 and report.errors:
+        text = f"No findings ({files} checked), but some checks could not run."
+    elif n == 0:
         text = f"[green]All checks passed![/green] ({files} checked)"
     else:
         counts = Counter(f.severity for f in report.findings)
