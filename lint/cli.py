@@ -117,6 +117,8 @@ def _lint_one(
     """Worker: read and lint one file, and record the outcome in the cache (from the very text that
     was linted, so a file edited during the run is never cached under the wrong content). Returns the
     text only when it is needed for code frames."""
+    import gc
+
     fs_path, shown, options = job
     source = read_source(Path(fs_path))
     if source.text is None:
@@ -126,12 +128,25 @@ def _lint_one(
                 with_configured_severity(unreadable(shown, source.error or "unknown error"), options)
             )
         return result, None
+    # The cyclic garbage collector would scan the growing syntax tree over and over while libcst
+    # builds it; one collection after the file (when the tree is garbage) does the same work once.
+    # Objects that were alive before linting started are frozen (see _run_jobs): never scanned again.
+    collect = gc.isenabled()
+    if collect:
+        if not gc.get_freeze_count():  # a worker that did not inherit the frozen heap (spawn)
+            gc.collect()
+            gc.freeze()
+        gc.disable()
     try:
         result = lint_text(source.text, shown, options)
     except Exception as exc:  # the engine itself failed on this file: report it, keep going
         result = FileResult(
             shown, errors=[{"path": shown, "message": f"internal error: {type(exc).__name__}: {exc}"}]
         )
+    finally:
+        if collect:
+            gc.enable()
+            gc.collect()
     if cache is not None:
         cache.store(job, source.text, result)
     return result, (source.text if result.findings else None)
@@ -360,6 +375,7 @@ def _run_jobs(
     """Lint every job: cache hits first, the rest in worker processes when that pays off.
 
     Results keep the order of ``jobs_list`` whatever order the workers finish in."""
+    import gc
     import multiprocessing
     from concurrent.futures.process import BrokenProcessPool
 
@@ -380,6 +396,8 @@ def _run_jobs(
             results[i] = hit
         else:
             todo.append(i)
+    if not todo:
+        return [r for r in results if r is not None]
     sizes = {}
     for i in todo:
         try:
@@ -398,22 +416,25 @@ def _run_jobs(
     # Starting workers costs tens of milliseconds: not worth it for a few small files (a pre-commit run).
     parallel = workers > 1 and sum(sizes.values()) >= 64 * 1024
     context = multiprocessing.get_context("fork") if sys.platform == "linux" else None
-    pool = outcomes = None
-    if parallel:
-        # fork: workers start with trainlint and libcst already imported (spawn would import them
-        # again in each). ``map`` submits at once, so the workers are forked before any thread of
-        # ours (the progress bar) runs.
-        pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
-        chunk = max(1, len(todo) // (workers * 32))
-        outcomes = pool.map(_lint_one, [jobs_list[i] for i in todo], [cache] * len(todo), chunksize=chunk)
-    progress = None
-    if err.is_terminal and len(todo) > 50:
-        from rich.progress import Progress
-
-        progress = Progress(console=err, transient=True)
-        progress.start()
-        task = progress.add_task("linting", total=len(todo))
+    # Freeze what is alive now (modules, rules, the job list): the collector never scans it again, and
+    # forked workers never copy its pages just to update the collector's bookkeeping.
+    gc.collect()
+    gc.freeze()
+    pool = outcomes = progress = None
     try:
+        if parallel:
+            # fork: workers start with trainlint and libcst already imported (spawn would import them
+            # again in each). ``map`` submits at once, so the workers are forked before any thread of
+            # ours (the progress bar) runs.
+            pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+            chunk = max(1, len(todo) // (workers * 32))
+            outcomes = pool.map(_lint_one, [jobs_list[i] for i in todo], [cache] * len(todo), chunksize=chunk)
+        if err.is_terminal and len(todo) > 50:
+            from rich.progress import Progress
+
+            progress = Progress(console=err, transient=True)
+            progress.start()
+            task = progress.add_task("linting", total=len(todo))
         if outcomes is not None:
             try:
                 for i, outcome in zip(todo, outcomes, strict=True):
@@ -438,6 +459,7 @@ def _run_jobs(
             pool.shutdown(cancel_futures=True)
         if progress:
             progress.stop()
+        gc.unfreeze()
     return [r for r in results if r is not None]
 
 

@@ -235,6 +235,19 @@ def walk_scope(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
 
 
 _STATEMENT_TYPES = (cst.SimpleStatementLine, cst.BaseCompoundStatement)
+# Nodes that never have syntax children and that the builder has nothing to do for: it skips them
+# (``walk`` still yields them). About a third of all nodes are names.
+_BUILDER_SKIPS = frozenset(
+    {cst.Name, cst.SimpleString, cst.Integer, cst.Float, cst.Imaginary, cst.Ellipsis}
+    | {
+        cls
+        for cls in vars(cst).values()
+        if isinstance(cls, type)
+        and issubclass(
+            cls, cst.BaseBinaryOp | cst.BaseBooleanOp | cst.BaseUnaryOp | cst.BaseCompOp | cst.BaseAugOp
+        )
+    }
+)
 
 
 class _Builder:
@@ -296,7 +309,7 @@ class _Builder:
             kids = children(node)
             if kids:
                 kids.reverse()
-                stack.extend((k, False) for k in kids)
+                stack.extend((k, False) for k in kids if type(k) not in _BUILDER_SKIPS)
 
     def _site(self, node: cst.CSTNode) -> Site:
         return Site(
