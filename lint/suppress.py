@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 from trainlint.model import LINE_BREAK
 
-# `# noqa: TL201, TL203` names full codes, as in Ruff; a `# noqa:` whose list does not parse
-# suppresses nothing (never everything). Prefixes such as `TL4` are for disable-file only.
+# A noqa comment with a colon names full codes (TL201, TL203), as in Ruff; a list that does not
+# parse suppresses nothing (never everything). Prefixes such as `TL4` are for disable-file only.
 NOQA = re.compile(
     r"#\s*noqa(?P<colon>\s*:\s*(?P<ids>[A-Za-z]+[0-9]+(?:[\s,]+[A-Za-z]+[0-9]+)*)?)?", re.IGNORECASE
 )
