@@ -33,7 +33,7 @@ from trainlint.files import read_source
 from trainlint.rule import Finding
 
 if TYPE_CHECKING:
-    from trainlint.engine import FileResult, LintOptions
+    from trainlint.results import FileResult, LintOptions
 
 Job = tuple[str, str, "LintOptions"]
 Outcome = tuple["FileResult", "str | None"]
@@ -41,6 +41,7 @@ Outcome = tuple["FileResult", "str | None"]
 FORMAT = 2  # bump when the entry layout changes
 STALE_AFTER_S = 7 * 24 * 3600
 _MARKER = ".last-used"
+_RULE_IDS = "rule-ids.json"
 _PREPARED: set[str] = set()  # cache folders this process has set up
 
 
@@ -99,7 +100,7 @@ class ResultCache:
 
     def get(self, job: Job) -> Outcome | None:
         """The cached outcome of linting ``job``'s file as it is now on disk, or None."""
-        from trainlint.engine import FileResult
+        from trainlint.results import FileResult
 
         text = read_source(Path(job[0])).text  # safe on FIFOs, huge files, undecodable bytes
         if text is None:
@@ -114,7 +115,27 @@ class ResultCache:
         # the text is only needed for code frames (and fixes) when there are findings
         return result, (text if findings else None)
 
+    def recorded_rule_ids(self) -> tuple[str, ...] | None:
+        """The rule ids an earlier run of this very code recorded here (see ``record_rule_ids``)."""
+        try:
+            with open(self.root / _RULE_IDS, encoding="utf-8") as handle:
+                ids = json.load(handle)
+        except (OSError, ValueError):
+            return None
+        if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):
+            return None
+        return tuple(ids)
+
     # -- writing -------------------------------------------------------------------------------------
+    def record_rule_ids(self, ids: tuple[str, ...]) -> None:
+        """Keep the registry's rule ids next to the entries: a later run answered entirely from the
+        cache then validates its selectors without importing the rule modules (and libcst)."""
+        if self.recorded_rule_ids() == tuple(ids):
+            return
+        with contextlib.suppress(OSError):
+            self._prepare()
+            self._write_json(self.root / _RULE_IDS, list(ids))
+
     def store(self, job: Job, text: str, result: FileResult) -> None:
         """Record the outcome of linting ``text`` (exactly what was linted, not the file as it is now)."""
         if any("internal error" in e.get("message", "") for e in result.errors):
@@ -128,17 +149,22 @@ class ResultCache:
         try:
             self._prepare()
             target.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".", suffix=".tmp")
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                    json.dump(payload, handle, separators=(",", ":"))
-                os.replace(tmp, target)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
+            self._write_json(target, payload)
         except OSError:
             pass  # a read-only or full disk only costs speed
+
+    @staticmethod
+    def _write_json(target: Path, payload: object) -> None:
+        """Write to a temporary file renamed into place: a reader never sees half of it."""
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump(payload, handle, separators=(",", ":"))
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
 
     def _prepare(self) -> None:
         """Once per process that writes: the folder's .gitignore, the use marker, stale versions."""

@@ -7,11 +7,8 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from trainlint import __version__
 from trainlint.cache import ResultCache
@@ -24,10 +21,16 @@ from trainlint.config import (
     load_config,
     select_rules,
 )
-from trainlint.engine import FileResult, LintOptions, lint_text, unreadable, with_configured_severity
 from trainlint.files import DEFAULT_EXCLUDES, discover, read_source
 from trainlint.report import RunReport
-from trainlint.rule import registry
+from trainlint.results import FileResult, LintOptions
+from trainlint.rule import registry, use_known_ids
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+# A run answered from the result cache imports neither the engine (libcst, the rules) nor rich: both
+# are imported where a file is really linted or findings are drawn.
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 FORMATS = ("text", "json", "sarif", "github")
@@ -78,6 +81,24 @@ def _split(value: str | None) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()] if value else []
 
 
+def _console(stderr: bool = False) -> Console:
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+
+
+def _plain(stream: object) -> bool:
+    """Output rich would print without colour: not a terminal, and colour not forced."""
+    isatty = getattr(stream, "isatty", None)
+    tty = bool(isatty()) if callable(isatty) else False
+    return not tty and not os.environ.get("FORCE_COLOR") and not os.environ.get("TTY_COMPATIBLE")
+
+
+def _error(message: str) -> None:
+    """One plain line on stderr (no markup or emoji codes: paths are printed as they are)."""
+    print(f"trainlint: error: {message}", file=sys.stderr)
+
+
 def list_rules(console: Console) -> None:
     columns = ("id", "name", "severity", "fix", "probe", "summary")
     rows = [
@@ -96,6 +117,8 @@ def list_rules(console: Console) -> None:
         for row in [columns, *rows]:
             print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=False)) + "  " + row[-1])
         return
+    from rich.table import Table
+
     table = Table()
     for column in columns:
         table.add_column(column, overflow="fold")
@@ -104,11 +127,15 @@ def list_rules(console: Console) -> None:
     console.print(table)
 
 
-def _display_path(path: Path) -> str:
-    try:
-        return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
-    except ValueError:
-        return path.as_posix()
+def _display_path(path: Path, cwd: str | None = None) -> str:
+    """The path relative to the working folder when it lies inside it, else as given. Links are not
+    followed (``os.path.abspath``, not ``resolve``): a link is reported under its own name."""
+    absolute = os.path.abspath(path)
+    folder = cwd if cwd is not None else os.getcwd()
+    prefix = folder if folder.endswith(os.sep) else folder + os.sep
+    if absolute.startswith(prefix):
+        return Path(absolute[len(prefix) :]).as_posix()
+    return path.as_posix()
 
 
 def _lint_one(
@@ -118,6 +145,8 @@ def _lint_one(
     was linted, so a file edited during the run is never cached under the wrong content). Returns the
     text only when it is needed for code frames."""
     import gc
+
+    from trainlint.engine import lint_text, unreadable, with_configured_severity
 
     fs_path, shown, options = job
     source = read_source(Path(fs_path))
@@ -153,37 +182,34 @@ def _lint_one(
 
 
 def _rule_ids_for(config: Config, base: list[str], display: str) -> tuple[str, ...]:
+    if not config.per_file_ignores:
+        return tuple(base)
     ignored = ignored_for_file(config, _relative_to_root(config, display))
     return tuple(i for i in base if not any(i.startswith(p) for p in ignored))
 
 
 def _relative_to_root(config: Config, display: str) -> str:
     try:
-        return Path(display).resolve().relative_to(config.root).as_posix()
+        return Path(os.path.abspath(display)).relative_to(config.root).as_posix()
     except ValueError:
         return display
 
 
 def run(argv: Sequence[str] | None = None, stdin: str | None = None) -> int:
     parser = build_parser()
-    out = Console(highlight=False, soft_wrap=True)
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
         args = parser.parse_args(argv)
     except UsageError as exc:
-        err.print(f"trainlint: error: {exc}", markup=False)
+        _error(str(exc))
         return EXIT_ERROR
 
     if args.list_rules:
-        list_rules(out)
+        list_rules(_console())
         return EXIT_CLEAN
     if args.explain:
         rule = registry().get(args.explain)
         if rule is None:
-            err.print(
-                f"trainlint: error: unknown rule {args.explain!r} (see `trainlint --list-rules`)",
-                markup=False,
-            )
+            _error(f"unknown rule {args.explain!r} (see `trainlint --list-rules`)")
             return EXIT_ERROR
         print(rule.explain())
         return EXIT_CLEAN
@@ -192,15 +218,22 @@ def run(argv: Sequence[str] | None = None, stdin: str | None = None) -> int:
         config_path = Path(args.config) if args.config else find_config(Path.cwd())
         if args.config and not config_path.is_file():
             raise ConfigError(f"{args.config}: no such configuration file")
+        cache = None
+        if not args.no_cache and "-" not in args.paths:
+            root = config_path.parent.resolve() if config_path is not None else Path.cwd()
+            cache = ResultCache(Path(args.cache_dir) if args.cache_dir else root / ".trainlint_cache")
+            known = cache.recorded_rule_ids()
+            if known is not None:
+                use_known_ids(known)
         config = load_config(config_path)
         select = check_selectors(_split(args.select), "--select") if args.select else config.select
         extend = config.extend_select + check_selectors(_split(args.extend_select), "--extend-select")
         ignore = config.ignore + check_selectors(_split(args.ignore), "--ignore")
     except ConfigError as exc:
-        err.print(f"trainlint: error: {exc}", markup=False)
+        _error(f"{exc}")
         return EXIT_ERROR
     if args.jobs is not None and args.jobs < 1:
-        err.print(f"trainlint: error: --jobs must be at least 1, got {args.jobs}", markup=False)
+        _error(f"--jobs must be at least 1, got {args.jobs}")
         return EXIT_ERROR
     rule_ids = select_rules(select, extend, ignore)
     severity = tuple(sorted((k, v.value) for k, v in config.severity.items()))
@@ -209,10 +242,7 @@ def run(argv: Sequence[str] | None = None, stdin: str | None = None) -> int:
         from trainlint.verify import torch_available
 
         if not torch_available():
-            err.print(
-                'trainlint: error: --verify needs PyTorch. Install the extra: pip install "trainlint[verify]"',
-                markup=False,
-            )
+            _error('--verify needs PyTorch. Install the extra: pip install "trainlint[verify]"')
             return EXIT_ERROR
 
     started = time.perf_counter()
@@ -223,8 +253,10 @@ def run(argv: Sequence[str] | None = None, stdin: str | None = None) -> int:
     paths = args.paths or ["."]
     if paths == ["-"] or "-" in paths:
         if paths != ["-"]:
-            err.print("trainlint: error: '-' (stdin) cannot be combined with other paths", markup=False)
+            _error("'-' (stdin) cannot be combined with other paths")
             return EXIT_ERROR
+        from trainlint.engine import lint_text
+
         stdin_text = stdin if stdin is not None else sys.stdin.read()
         shown = args.stdin_filename or "<stdin>"
         options = LintOptions(_rule_ids_for(config, rule_ids, shown), severity)
@@ -238,7 +270,7 @@ def run(argv: Sequence[str] | None = None, stdin: str | None = None) -> int:
     else:
         missing = [p for p in paths if not os.path.lexists(p)]
         if missing:
-            err.print(f"trainlint: error: {missing[0]}: no such file or folder", markup=False)
+            _error(f"{missing[0]}: no such file or folder")
             return EXIT_ERROR
         excludes = (
             config.exclude if config.exclude is not None else list(DEFAULT_EXCLUDES)
@@ -246,13 +278,11 @@ def run(argv: Sequence[str] | None = None, stdin: str | None = None) -> int:
         listing_errors: list[str] = []
         files = list(discover([Path(p) for p in paths], excludes, config.root, listing_errors))
         errors.extend({"path": "", "message": m} for m in listing_errors)
+        cwd = os.getcwd()
         for f in files:
-            shown = _display_path(f)
+            shown = _display_path(f, cwd)
             jobs_list.append((str(f), shown, LintOptions(_rule_ids_for(config, rule_ids, shown), severity)))
-        cache = (
-            None if args.no_cache else ResultCache(Path(args.cache_dir or config.root / ".trainlint_cache"))
-        )
-        results = _run_jobs(jobs_list, args.jobs, cache, err)
+        results = _run_jobs(jobs_list, args.jobs, cache)
         file_count = len(files)
 
     findings = sorted((f for r, _ in results for f in r.findings), key=lambda f: f.sort_key)
@@ -276,14 +306,14 @@ def run(argv: Sequence[str] | None = None, stdin: str | None = None) -> int:
         targets = {shown: (fs, opts) for fs, shown, opts in jobs_list}
         if stdin_text is not None:
             targets = {shown: (None, LintOptions(_rule_ids_for(config, rule_ids, shown), severity))}
-        code = _fix(report, targets, stdin_text, args, out, err)
+        code = _fix(report, targets, stdin_text, args)
         if code is not None:
             return code
 
     for e in errors:
         where = f"{e['path']}: " if e.get("path") else ""
-        err.print(f"trainlint: error: {where}{e['message']}", markup=False)
-    _render(report, args, out)
+        _error(f"{where}{e['message']}")
+    _render(report, args)
     if any("internal error" in e["message"] for e in errors):
         return EXIT_ERROR
     if report.findings and not args.exit_zero:
@@ -296,10 +326,9 @@ def _fix(
     targets: dict[str, tuple[str | None, LintOptions]],
     stdin_text: str | None,
     args: argparse.Namespace,
-    out: Console,
-    err: Console,
 ) -> int | None:
     """Apply (``--fix``) or show (``--diff``) fixes; returns an exit code when the run ends here."""
+    from trainlint.engine import lint_text
     from trainlint.fix import applicable, fix_text, unified_diff, write_fixed
 
     unsafe = args.unsafe_fixes
@@ -331,7 +360,7 @@ def _fix(
         report.sources[shown] = outcome.text
     if args.diff:
         for e in report.errors:
-            err.print(f"trainlint: error: {e['path']}: {e['message']}", markup=False)
+            _error(f"{e['path']}: {e['message']}")
         if diffs:
             sys.stdout.write("".join(diffs))
         return EXIT_FINDINGS if diffs and not args.exit_zero else EXIT_CLEAN
@@ -342,7 +371,7 @@ def _fix(
     return None
 
 
-def _render(report: RunReport, args: argparse.Namespace, out: Console) -> None:
+def _render(report: RunReport, args: argparse.Namespace) -> None:
     if args.format == "json":
         from trainlint.report.json_format import render_json
 
@@ -357,27 +386,29 @@ def _render(report: RunReport, args: argparse.Namespace, out: Console) -> None:
         text = render_github(report)
         if text:
             print(text)
+    elif not (report.findings or report.errors or report.fixed or args.statistics or args.quiet) and _plain(
+        sys.stdout
+    ):
+        # nothing to draw: no need to load rich for one uncoloured line (pre-commit, CI logs)
+        print(f"All checks passed! ({report.files} file{'s' if report.files != 1 else ''} checked)")
     else:
         from trainlint.report.text import render_statistics, render_text
 
         if args.statistics:
-            render_statistics(report, out)
+            render_statistics(report, _console())
         else:
-            render_text(report, out, quiet=args.quiet, unsafe_fixes=args.unsafe_fixes)
+            render_text(report, _console(), quiet=args.quiet, unsafe_fixes=args.unsafe_fixes)
 
 
 def _run_jobs(
     jobs_list: list[tuple[str, str, LintOptions]],
     jobs: int | None,
     cache: ResultCache | None,
-    err: Console,
 ) -> list[tuple[FileResult, str | None]]:
     """Lint every job: cache hits first, the rest in worker processes when that pays off.
 
     Results keep the order of ``jobs_list`` whatever order the workers finish in."""
     import gc
-    import multiprocessing
-    from concurrent.futures.process import BrokenProcessPool
 
     def isolated(job: tuple[str, str, LintOptions]) -> tuple[FileResult, str | None]:
         """``_lint_one`` in a process of its own: its death becomes an error for this file alone."""
@@ -398,6 +429,15 @@ def _run_jobs(
             todo.append(i)
     if not todo:
         return [r for r in results if r is not None]
+    # Files to lint: load the engine and the rules here, once, before any worker is forked.
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    import trainlint.engine  # noqa: F401
+
+    if cache is not None:
+        cache.record_rule_ids(tuple(registry().ids()))
     sizes = {}
     for i in todo:
         try:
@@ -429,10 +469,10 @@ def _run_jobs(
             pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
             chunk = max(1, len(todo) // (workers * 32))
             outcomes = pool.map(_lint_one, [jobs_list[i] for i in todo], [cache] * len(todo), chunksize=chunk)
-        if err.is_terminal and len(todo) > 50:
+        if sys.stderr.isatty() and len(todo) > 50:
             from rich.progress import Progress
 
-            progress = Progress(console=err, transient=True)
+            progress = Progress(console=_console(stderr=True), transient=True)
             progress.start()
             task = progress.add_task("linting", total=len(todo))
         if outcomes is not None:

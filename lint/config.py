@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainlint.rule import Severity, registry
+from trainlint.rule import Severity, rule_ids
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -74,7 +74,7 @@ def matches(rule_id: str, selectors: Iterable[str]) -> bool:
 
 def check_selectors(values: Iterable[str], where: str) -> list[str]:
     """Each selector must be ``ALL`` or an id/prefix of at least one rule."""
-    ids = registry().ids()
+    ids = rule_ids()
     out = []
     for value in values:
         if not isinstance(value, str):
@@ -90,7 +90,7 @@ def check_selectors(values: Iterable[str], where: str) -> list[str]:
 
 def select_rules(select: list[str] | None, extend_select: Iterable[str], ignore: Iterable[str]) -> list[str]:
     """Rule ids enabled by these selectors (no ``select`` means every rule)."""
-    ids = registry().ids()
+    ids = rule_ids()
     chosen = set(ids) if select is None or "ALL" in select else {i for i in ids if matches(i, select)}
     extra = list(extend_select)
     chosen |= set(ids) if "ALL" in extra else {i for i in ids if matches(i, extra)}
@@ -179,7 +179,7 @@ def load_config(path: Path | None) -> Config:
         if not isinstance(sev, dict):
             raise ConfigError(f"{where} severity: expected a table of rule id = severity")
         for rule_id, level in sev.items():
-            if registry().get(rule_id) is None:
+            if rule_id.upper() not in rule_ids():
                 raise ConfigError(
                     f"{where} severity: unknown rule id {rule_id!r} (a full id such as TL101; "
                     "see `trainlint --list-rules`)"

@@ -13,7 +13,6 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import libcst as cst
@@ -28,6 +27,7 @@ from trainlint.files import (
     too_large,
 )
 from trainlint.model import FileModel
+from trainlint.results import FileResult, LintOptions
 from trainlint.rule import (
     Diagnostic,
     Edit,
@@ -40,23 +40,6 @@ from trainlint.rule import (
     registry,
 )
 from trainlint.suppress import parse_suppressions
-
-
-@dataclass
-class FileResult:
-    path: str
-    findings: list[Finding] = field(default_factory=list)
-    errors: list[dict[str, str]] = field(default_factory=list)
-    parsed: bool = False
-
-
-@dataclass(frozen=True)
-class LintOptions:
-    """What the engine needs to lint one file; picklable, so it travels to worker processes."""
-
-    rule_ids: tuple[str, ...]
-    severity: tuple[tuple[str, str], ...] = ()
-    prefilter: bool = True
 
 
 def _engine_finding(rule_id: str, path: str, line: int, column: int, message: str) -> Finding:
@@ -247,7 +230,7 @@ def _with_headroom(work: Callable[[], FileResult]) -> FileResult:
 
 def needs_parse(text: str, rules: Iterable[type[Rule]]) -> bool:
     """The prefilter: can any of these rules fire on a file with this text?"""
-    return any(any(token in text for token in rule.tokens) for rule in rules if rule.tokens)
+    return any(rule.can_fire(text) for rule in rules if rule.tokens)
 
 
 def _to_finding(

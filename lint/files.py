@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import fnmatch
+import functools
 import io
 import os
 import re
@@ -65,30 +66,56 @@ def too_large(size: int, limit: int = MAX_SOURCE_BYTES) -> str:
     )
 
 
-def is_excluded(path: Path, patterns: Iterable[str], root: Path, base: Path | None = None) -> bool:
+@functools.lru_cache(maxsize=64)
+def _exclude_matchers(patterns: tuple[str, ...]) -> tuple[re.Pattern[str] | None, re.Pattern[str] | None]:
+    """The patterns compiled once: one regex for the whole relative path (``p`` or ``p/*``), one for
+    any single part (patterns without ``/``). Same semantics as ``fnmatch.fnmatch`` on each."""
+    whole: list[str] = []
+    part: list[str] = []
+    for pattern in patterns:
+        pattern = os.path.normcase(pattern.rstrip("/"))
+        whole += [fnmatch.translate(pattern), fnmatch.translate(pattern + "/*")]
+        if "/" not in pattern:
+            part.append(fnmatch.translate(pattern))
+    return (
+        re.compile("|".join(whole)) if whole else None,
+        re.compile("|".join(part)) if part else None,
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _realpath_of(anchor: str) -> str:
+    return os.path.realpath(anchor)
+
+
+def is_excluded(
+    path: Path, patterns: Iterable[str], root: Path, base: Path | None = None, real: str | None = None
+) -> bool:
     """A path is excluded when a pattern matches its path relative to ``root`` or any one part.
 
     A path outside ``root`` is matched relative to ``base`` (the folder given on the command line), so
     that folders above it (``/home/me/build/proj``, ``.../site-packages/pkg``) exclude nothing.
     """
-    real = os.path.realpath(path)  # unlike Path.resolve on Python < 3.13, never raises on a loop
+    whole, part = _exclude_matchers(tuple(patterns))
+    if whole is None:
+        return False
+    if real is None:  # the caller may know it already (``discover`` resolves each folder once)
+        real = os.path.realpath(path)  # unlike Path.resolve on Python < 3.13, never raises on a loop
     rel = path.as_posix()
     for anchor in (root, base):
         if anchor is None:
             continue
-        try:
-            rel = Path(real).relative_to(os.path.realpath(anchor)).as_posix()
+        prefix = _realpath_of(str(anchor))
+        if real == prefix:
+            rel = "."
             break
-        except ValueError:
-            continue
-    parts = rel.split("/")
-    for pattern in patterns:
-        pattern = pattern.rstrip("/")
-        if fnmatch.fnmatch(rel, pattern) or fnmatch.fnmatch(rel, pattern + "/*"):
-            return True
-        if "/" not in pattern and any(fnmatch.fnmatch(part, pattern) for part in parts):
-            return True
-    return False
+        if real.startswith(prefix.rstrip(os.sep) + os.sep):
+            rel = Path(real[len(prefix.rstrip(os.sep)) + 1 :]).as_posix()
+            break
+    rel = os.path.normcase(rel)
+    if whole.match(rel):
+        return True
+    return part is not None and any(part.match(p) for p in rel.split("/"))
 
 
 def discover(paths: Iterable[Path], excludes: Iterable[str], root: Path, errors: list[str]) -> Iterator[Path]:
@@ -139,7 +166,11 @@ def discover(paths: Iterable[Path], excludes: Iterable[str], root: Path, errors:
                 continue
             visited_dirs.add(real)
             base = Path(dirpath)
-            dirnames[:] = sorted(d for d in dirnames if not is_excluded(base / d, excludes, root, given))
+            dirnames[:] = sorted(
+                d
+                for d in dirnames
+                if not is_excluded(base / d, excludes, root, given, _real(real, dirpath, d))
+            )
             for filename in filenames:
                 if not filename.endswith((".py", ".pyi")):
                     continue
@@ -147,13 +178,21 @@ def discover(paths: Iterable[Path], excludes: Iterable[str], root: Path, errors:
                 kind = _kind(candidate)
                 if kind == "loop":
                     errors.append(f"{candidate}: the symbolic link loops; skipped")
-                elif kind not in ("special", "missing") and not is_excluded(candidate, excludes, root, given):
+                elif kind not in ("special", "missing") and not is_excluded(
+                    candidate, excludes, root, given, _real(real, dirpath, filename)
+                ):
                     found.append(candidate)
         for candidate in sorted(found):
             key = candidate.absolute()
             if key not in seen:
                 seen.add(key)
                 yield candidate
+
+
+def _real(real_folder: str, folder: str, name: str) -> str:
+    """``os.path.realpath`` of ``folder/name`` given the folder's: one ``lstat`` instead of one per part."""
+    path = os.path.join(folder, name)
+    return os.path.realpath(path) if os.path.islink(path) else os.path.join(real_folder, name)
 
 
 def _kind(path: Path) -> str:

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import libcst as cst
+if TYPE_CHECKING:  # only in annotations: a run answered from the cache never loads libcst
+    import libcst as cst
 
-if TYPE_CHECKING:
     from trainlint.model import FileModel
 
 
@@ -209,6 +209,9 @@ class Rule:
     # Source tokens at least one of which must appear in a file for the rule to be able to fire.
     # Empty means the rule is emitted by the engine itself (parse problems).
     tokens: ClassVar[tuple[str, ...]] = ()
+    # Further conditions of the prefilter: for each group, at least one of its tokens must appear too.
+    # Each group must be a necessary condition of every finding the rule can report (see ``can_fire``).
+    requires: ClassVar[tuple[tuple[str, ...], ...]] = ()
     valid: ClassVar[tuple[str, ...]] = ()
     invalid: ClassVar[tuple[Invalid, ...]] = ()
     has_fix: ClassVar[bool] = False
@@ -218,6 +221,13 @@ class Rule:
 
     def check(self, model: FileModel) -> Iterator[Diagnostic]:
         return iter(())
+
+    @classmethod
+    def can_fire(cls, text: str) -> bool:
+        """The prefilter's verdict from the raw text: False only when no finding is possible."""
+        return any(token in text for token in cls.tokens) and all(
+            any(token in text for token in group) for group in cls.requires
+        )
 
     @classmethod
     def has_probe(cls) -> bool:
@@ -255,6 +265,21 @@ class Registry:
 
     def ids(self) -> list[str]:
         return sorted(self.rules)
+
+
+_KNOWN_IDS: tuple[str, ...] | None = None
+
+
+def use_known_ids(ids: tuple[str, ...]) -> None:
+    """Install the rule ids recorded by an earlier run of this very code (the result cache keeps them
+    next to its entries), so that ``rule_ids`` need not import the rule modules and libcst."""
+    global _KNOWN_IDS
+    _KNOWN_IDS = tuple(sorted(ids))
+
+
+def rule_ids() -> tuple[str, ...]:
+    """Every rule id, sorted: the installed record when there is one, else the registry's."""
+    return _KNOWN_IDS if _KNOWN_IDS is not None else tuple(registry().ids())
 
 
 @functools.cache

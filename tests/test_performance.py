@@ -6,6 +6,7 @@ Nothing here is timed (bench/run.py measures speed); a CI smoke run of the bench
 from __future__ import annotations
 
 import ast
+import concurrent.futures
 import inspect
 import json
 import os
@@ -20,6 +21,7 @@ import libcst as cst
 import pytest
 
 import trainlint.cli as cli
+import trainlint.engine as engine
 from trainlint.cache import ResultCache
 from trainlint.engine import FileResult, LintOptions, lint_text
 from trainlint.files import read_source
@@ -129,13 +131,13 @@ def baseline(in_tree: Path, capsys: pytest.CaptureFixture[str]) -> dict:
 def lint_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Paths linted in this process (``--jobs 1`` lints in-process)."""
     calls: list[str] = []
-    real = cli.lint_text
+    real = engine.lint_text
 
     def counting(text: str, path: str, options: LintOptions) -> FileResult:
         calls.append(path)
         return real(text, path, options)
 
-    monkeypatch.setattr(cli, "lint_text", counting)
+    monkeypatch.setattr(engine, "lint_text", counting)  # the CLI imports it where it lints
     return calls
 
 
@@ -151,14 +153,14 @@ def test_baseline_is_not_trivial(baseline: dict) -> None:
 
 def test_two_workers_give_the_same_output_in_the_same_order(in_tree, baseline, capsys, monkeypatch) -> None:
     pools: list[int] = []
-    real_pool = cli.ProcessPoolExecutor
+    real_pool = concurrent.futures.ProcessPoolExecutor
 
     class CountingPool(real_pool):  # type: ignore[misc, valid-type]
         def __init__(self, *args, **kwargs) -> None:
             pools.append(kwargs.get("max_workers") or args[0])
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(cli, "ProcessPoolExecutor", CountingPool)
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", CountingPool)  # imported when needed
     assert cli_json(capsys, "--no-cache", "--jobs", "2", in_tree.name) == baseline
     assert pools == [2]  # the comparison went through worker processes
 
@@ -170,6 +172,65 @@ def test_cold_and_warm_cache_give_the_same_output(in_tree, baseline, capsys, tmp
     assert cli_json(capsys, "--cache-dir", str(cache), "--jobs", "1", in_tree.name) == baseline
     assert lint_calls == []  # everything came from the cache
     assert cli_json(capsys, "--cache-dir", str(cache), "--jobs", "2", in_tree.name) == baseline
+
+
+WARM_PROBE = """
+import sys
+from trainlint.cli import main
+code = main(sys.argv[1:])
+loaded = sorted(m for m in sys.modules if m == "libcst" or m.startswith(("trainlint.rules.", "rich")))
+print("LOADED", code, loaded)
+"""
+
+
+def test_a_run_answered_from_the_cache_loads_neither_libcst_nor_the_rules(tmp_path: Path) -> None:
+    """The warm path: nothing changed, so nothing needs parsing, rules or rich (see README, Performance)."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "train.py").write_text(BAD)
+    (tmp_path / "src" / "other.py").write_text(FIXED)
+    (tmp_path / "clean").mkdir()
+    (tmp_path / "clean" / "other.py").write_text(FIXED)
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")}
+
+    def probe(*argv: str) -> tuple[int, list[str], str]:
+        done = subprocess.run(
+            [sys.executable, "-c", WARM_PROBE, "--cache-dir", "cache", *argv],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        line = next(x for x in done.stdout.splitlines() if x.startswith("LOADED"))
+        _, code, loaded = line.split(" ", 2)
+        return int(code), ast.literal_eval(loaded), done.stdout
+
+    code, loaded, _ = probe("--select", "TL2", "src", "clean")
+    assert code == 1 and "libcst" in loaded  # cold: parsed and linted
+    code, loaded, out = probe("--select", "TL2", "src", "clean")
+    assert code == 1 and loaded and all(m.startswith("rich") for m in loaded)  # rich draws the finding
+    assert "src/train.py:4:12: TL201" in out  # the finding, with its code frame, from the cache
+    code, loaded, out = probe("--select", "TL2", "clean")
+    assert (code, loaded) == (0, [])  # nothing to draw: not even rich
+    assert "All checks passed! (1 file checked)" in out
+    code, loaded, _ = probe("--select", "TL1", "clean")  # another rule set: linted afresh
+    assert code == 0 and "libcst" in loaded
+    code, _, out = probe("--select", "TL999", "clean")  # selectors are checked against the recorded ids
+    assert code == 2
+
+
+def test_the_uncoloured_summary_is_riches_without_markup(tmp_path, capsys, monkeypatch) -> None:
+    from rich.text import Text
+
+    from trainlint.report import RunReport
+    from trainlint.report.text import summary_line
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("a.py", "b.py"):
+        (tmp_path / name).write_text(FIXED)
+    assert cli.run(["--no-cache", "--jobs", "1", "."]) == 0
+    plain = capsys.readouterr().out
+    assert plain == Text.from_markup(summary_line(RunReport([], [], 2, 0.0, {}))).plain + "\n"
 
 
 def test_text_output_with_code_frames_is_the_same_from_the_cache(in_tree, capsys, tmp_path) -> None:
@@ -550,6 +611,24 @@ def test_walk_visits_libcsts_nodes_in_libcsts_order_less_trivia() -> None:
     for source in sources:
         module = cst.parse_module(source)
         assert [id(n) for n in walk(module)] == _libcst_order(module), source[:200]
+
+
+def test_positions_are_libcsts_for_every_node() -> None:
+    """The model's own position pass gives what libcst's PositionProvider gives, node for node."""
+    from libcst.metadata import MetadataWrapper, PositionProvider
+
+    sources = [text for _, text in example_sources()]
+    sources += [p.read_text(encoding="utf-8") for p in sorted(FIXTURES.glob("*.py"))]
+    sources += ["x = 1\r\ny = (1,\r 2)\n", "if x:\n\tpass\n# trailing\n", "", "\n\n", "a = '''\nb\n'''  # c"]
+    nodes = 0
+    for text in sources:
+        module = cst.parse_module(text)
+        expected = dict(MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider))
+        model = FileModel(module, "x.py", text)
+        for node, where in expected.items():
+            assert model.position(node) == where, (text, type(node).__name__)
+        nodes += len(expected)
+    assert nodes > 10_000
 
 
 def test_walk_scope_stops_at_nested_definitions() -> None:

@@ -48,8 +48,11 @@ def test_every_rule_is_documented_and_has_examples(rule: type[Rule]) -> None:
 
 @pytest.mark.parametrize(("rule", "example"), list(_cases("invalid")))
 def test_prefilter_tokens_cover_invalid_examples(rule: type[Rule], example) -> None:
-    """Without any of the rule's tokens the engine would skip the file: that must never hide a finding."""
+    """Without the rule's tokens the engine would skip the file: that must never hide a finding."""
     assert any(token in example.code for token in rule.tokens)
+    for group in rule.requires:
+        assert any(token in example.code for token in group), group
+    assert rule.can_fire(example.code)
 
 
 def test_registry_ids_are_unique_and_well_formed() -> None:

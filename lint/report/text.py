@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from trainlint.report import RunReport
-from trainlint.rule import Applicability, Finding, Severity, registry
+from trainlint.rule import Applicability, Finding, Severity
 
 # The one place that maps severities to colours.
 STYLES = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
@@ -111,7 +111,7 @@ def summary_line(report: RunReport, *, unsafe_fixes: bool = False) -> str:
 def render_statistics(report: RunReport, console: Console) -> None:
     counts = Counter(f.rule for f in report.findings)
     for rule_id, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
-        rule = registry().get(rule_id)
-        fix = "[*]" if any(fixable(f, False) for f in report.findings if f.rule == rule_id) else "[ ]"
+        of_rule = [f for f in report.findings if f.rule == rule_id]
+        fix = "[*]" if any(fixable(f, False) for f in of_rule) else "[ ]"
         # plain print: rich would expand the tabs that scripts split on
-        print(f"{count:>5}\t{rule_id}\t{fix} {rule.name if rule else ''}", file=console.file)
+        print(f"{count:>5}\t{rule_id}\t{fix} {of_rule[0].name}", file=console.file)
