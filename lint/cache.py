@@ -18,13 +18,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import importlib.util
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
+from importlib.machinery import PathFinder
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +45,7 @@ _PREPARED: set[str] = set()  # cache folders this process has set up
 
 def _libcst_version() -> str:
     """libcst's version without importing it (a warm run need not load the parser)."""
-    spec = importlib.util.find_spec("libcst")
+    spec = PathFinder.find_spec("libcst")
     for folder in (spec.submodule_search_locations or []) if spec else []:
         try:
             return (Path(folder) / "_version.py").read_text(encoding="utf-8")
@@ -75,12 +73,21 @@ def code_fingerprint() -> str:
 
 
 def entry_key(fingerprint: str, shown: str, options: LintOptions, text: str) -> str:
-    digest = hashlib.sha256()
-    for part in (fingerprint, shown, repr(options)):
-        digest.update(part.encode("utf-8", "surrogatepass"))
-        digest.update(b"\0")
+    digest = _options_digest(fingerprint, options).copy()
+    digest.update(shown.encode("utf-8", "surrogatepass"))
+    digest.update(b"\0")
     digest.update(text.encode("utf-8", "surrogatepass"))
     return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=256)
+def _options_digest(fingerprint: str, options: LintOptions) -> Any:
+    """The hash state after the parts shared by every file linted with these options."""
+    digest = hashlib.sha256()
+    for part in (fingerprint, repr(options)):
+        digest.update(part.encode("utf-8", "surrogatepass"))
+        digest.update(b"\0")
+    return digest
 
 
 class ResultCache:
@@ -90,13 +97,14 @@ class ResultCache:
         self.folder = Path(folder)
         self.fingerprint = fingerprint or code_fingerprint()
         self.root = self.folder / self.fingerprint[:16]
+        self._root = str(self.root)
 
     # -- reading -------------------------------------------------------------------------------------
     def key(self, job: Job, text: str) -> str:
         return entry_key(self.fingerprint, job[1], job[2], text)
 
-    def _file(self, key: str) -> Path:
-        return self.root / key[:2] / f"{key}.json"
+    def _file(self, key: str) -> str:
+        return os.path.join(self._root, key[:2], key + ".json")
 
     def get(self, job: Job) -> Outcome | None:
         """The cached outcome of linting ``job``'s file as it is now on disk, or None."""
@@ -148,15 +156,17 @@ class ResultCache:
         target = self._file(self.key(job, text))
         try:
             self._prepare()
-            target.parent.mkdir(parents=True, exist_ok=True)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
             self._write_json(target, payload)
         except OSError:
             pass  # a read-only or full disk only costs speed
 
     @staticmethod
-    def _write_json(target: Path, payload: object) -> None:
+    def _write_json(target: str | Path, payload: object) -> None:
         """Write to a temporary file renamed into place: a reader never sees half of it."""
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".", suffix=".tmp")
+        import tempfile  # writing only: a warm run never loads it
+
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".", suffix=".tmp")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 json.dump(payload, handle, separators=(",", ":"))
@@ -193,4 +203,6 @@ class ResultCache:
                 except OSError:
                     continue  # not one of ours: leave it alone
                 if now - last > STALE_AFTER_S:
+                    import shutil
+
                     shutil.rmtree(entry.path, ignore_errors=True)

@@ -138,6 +138,11 @@ def _display_path(path: Path, cwd: str | None = None) -> str:
     return path.as_posix()
 
 
+# the process that last checked that the pre-linting heap is frozen (``gc.get_freeze_count`` walks the
+# whole frozen heap: once per process, not once per file)
+_FROZEN_IN: dict[str, int] = {}
+
+
 def _lint_one(
     job: tuple[str, str, LintOptions], cache: ResultCache | None = None
 ) -> tuple[FileResult, str | None]:
@@ -158,13 +163,16 @@ def _lint_one(
             )
         return result, None
     # The cyclic garbage collector would scan the growing syntax tree over and over while libcst
-    # builds it; one collection after the file (when the tree is garbage) does the same work once.
-    # Objects that were alive before linting started are frozen (see _run_jobs): never scanned again.
+    # builds it, for nothing: the engine leaves no cycle behind (FileModel.release), so the tree is
+    # freed by reference counting once the file is done. Objects alive before linting started are
+    # frozen (see _run_jobs): never scanned again.
     collect = gc.isenabled()
     if collect:
-        if not gc.get_freeze_count():  # a worker that did not inherit the frozen heap (spawn)
-            gc.collect()
-            gc.freeze()
+        if _FROZEN_IN.get("pid") != os.getpid():
+            _FROZEN_IN["pid"] = os.getpid()
+            if not gc.get_freeze_count():  # a worker that did not inherit the frozen heap (spawn)
+                gc.collect()
+                gc.freeze()
         gc.disable()
     try:
         result = lint_text(source.text, shown, options)
@@ -175,7 +183,6 @@ def _lint_one(
     finally:
         if collect:
             gc.enable()
-            gc.collect()
     if cache is not None:
         cache.store(job, source.text, result)
     return result, (source.text if result.findings else None)
@@ -195,7 +202,20 @@ def _relative_to_root(config: Config, display: str) -> str:
         return display
 
 
+def _tolerant_output() -> None:
+    """File names are bytes: one that is not valid in the output's encoding (a Latin-1 name under a
+    UTF-8 locale arrives as surrogates) is printed with backslash escapes instead of failing."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if callable(reconfigure):
+            try:
+                reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):  # pragma: no cover - a stream that cannot change
+                pass
+
+
 def run(argv: Sequence[str] | None = None, stdin: str | None = None) -> int:
+    _tolerant_output()
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -341,7 +361,15 @@ def _fix(
         if fs_path is None:
             original_bytes, before = None, stdin_text or ""
         else:
-            original_bytes = Path(fs_path).read_bytes()
+            try:
+                original_bytes = Path(fs_path).read_bytes()
+            except OSError as exc:  # deleted or made unreadable since it was linted
+                reason = (exc.strerror or type(exc).__name__).lower()
+                report.errors.append(
+                    {"path": shown, "message": f"fix not applied: cannot read the file: {reason}"}
+                )
+                remaining.extend(f for f in report.findings if f.path == shown)
+                continue
             before = report.sources.get(shown) or read_source(Path(fs_path)).text or ""
         outcome = fix_text(before, lambda t, s=shown, o=options: lint_text(t, s, o).findings, unsafe)
         for message in outcome.dropped:

@@ -15,11 +15,6 @@ from typing import Any
 
 from trainlint.rule import Severity, rule_ids
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
-
 
 class ConfigError(Exception):
     """A configuration problem, with a message meant for the user."""
@@ -120,6 +115,10 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: cannot read: not UTF-8 ({exc.reason} at byte {exc.start})") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {(exc.strerror or type(exc).__name__).lower()}") from None
+    if sys.version_info >= (3, 11):  # imported here: most runs find no configuration file to read
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.10 only
+        import tomli as tomllib
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

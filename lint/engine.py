@@ -357,6 +357,17 @@ def _lint_parsed(
     except RecursionError:
         result.errors.append({"path": path, "message": "file model: nested too deeply to analyse"})
         return result
+    try:
+        _run_rules(model, text, path, options, active, result)
+    finally:
+        model.release()
+    result.findings.sort(key=lambda f: f.sort_key)
+    return result
+
+
+def _run_rules(
+    model: FileModel, text: str, path: str, options: LintOptions, active: list[type[Rule]], result: FileResult
+) -> None:
     severity = dict(options.severity)
     suppressions = parse_suppressions(text)
     for rule in active:
@@ -381,8 +392,6 @@ def _lint_parsed(
                 continue
             seen.add(key)
             result.findings.append(finding)
-    result.findings.sort(key=lambda f: f.sort_key)
-    return result
 
 
 def lint_source(text: str, path: str = "<string>", rule_ids: Sequence[str] | None = None) -> list[Finding]:

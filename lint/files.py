@@ -89,7 +89,7 @@ def _realpath_of(anchor: str) -> str:
 
 
 def is_excluded(
-    path: Path, patterns: Iterable[str], root: Path, base: Path | None = None, real: str | None = None
+    path: str | Path, patterns: Iterable[str], root: Path, base: Path | None = None, real: str | None = None
 ) -> bool:
     """A path is excluded when a pattern matches its path relative to ``root`` or any one part.
 
@@ -101,7 +101,7 @@ def is_excluded(
         return False
     if real is None:  # the caller may know it already (``discover`` resolves each folder once)
         real = os.path.realpath(path)  # unlike Path.resolve on Python < 3.13, never raises on a loop
-    rel = path.as_posix()
+    rel = None
     for anchor in (root, base):
         if anchor is None:
             continue
@@ -110,8 +110,10 @@ def is_excluded(
             rel = "."
             break
         if real.startswith(prefix.rstrip(os.sep) + os.sep):
-            rel = Path(real[len(prefix.rstrip(os.sep)) + 1 :]).as_posix()
+            rel = real[len(prefix.rstrip(os.sep)) + 1 :].replace(os.sep, "/")
             break
+    if rel is None:
+        rel = Path(path).as_posix()
     rel = os.path.normcase(rel)
     if whole.match(rel):
         return True
@@ -150,12 +152,12 @@ def discover(paths: Iterable[Path], excludes: Iterable[str], root: Path, errors:
                 seen.add(key)
                 yield given
             continue
-        found: list[Path] = []
+        found: list[str] = []
         visited_dirs: set[str] = set()
 
-        def onerror(exc: OSError, found: list[Path] = found) -> None:
+        def onerror(exc: OSError, found: list[str] = found) -> None:
             if exc.filename is not None:
-                found.append(Path(os.fsdecode(exc.filename)))
+                found.append(os.fsdecode(exc.filename))
             else:  # pragma: no cover - os.walk always names the folder
                 errors.append(f"cannot list folder: {exc.strerror}")
 
@@ -165,24 +167,25 @@ def discover(paths: Iterable[Path], excludes: Iterable[str], root: Path, errors:
                 dirnames[:] = []
                 continue
             visited_dirs.add(real)
-            base = Path(dirpath)
+            # plain strings here, Paths only for what is yielded: this loop is most of a warm run
             dirnames[:] = sorted(
                 d
                 for d in dirnames
-                if not is_excluded(base / d, excludes, root, given, _real(real, dirpath, d))
+                if not is_excluded(os.path.join(dirpath, d), excludes, root, given, _real(real, dirpath, d))
             )
             for filename in filenames:
                 if not filename.endswith((".py", ".pyi")):
                     continue
-                candidate = base / filename
+                candidate = os.path.join(dirpath, filename)
                 kind = _kind(candidate)
                 if kind == "loop":
-                    errors.append(f"{candidate}: the symbolic link loops; skipped")
+                    errors.append(f"{Path(candidate)}: the symbolic link loops; skipped")
                 elif kind not in ("special", "missing") and not is_excluded(
                     candidate, excludes, root, given, _real(real, dirpath, filename)
                 ):
                     found.append(candidate)
-        for candidate in sorted(found):
+        for name in sorted(found, key=lambda f: f.split(os.sep)):  # the order of Path objects
+            candidate = Path(name)
             key = candidate.absolute()
             if key not in seen:
                 seen.add(key)
@@ -211,10 +214,27 @@ def _kind(path: Path) -> str:
     return "file" if stat.S_ISREG(mode) else "special"
 
 
+def _second_line_end(data: bytes) -> int:
+    """Where the second line ends: a coding cookie (PEP 263) can only be in the first two lines."""
+    end = -1
+    for _ in range(2):
+        end = data.find(b"\n", end + 1)
+        if end < 0:
+            return len(data)
+    return end + 1
+
+
 def decode(data: bytes) -> SourceText:
     """Decode Python source bytes using its BOM or coding cookie (PEP 263), as Python would."""
     if b"\x00" in data:
         return SourceText(None, "binary content (NUL bytes): not a Python source file")
+    if not data.startswith(b"\xef\xbb\xbf") and b"coding" not in data[: _second_line_end(data)]:
+        # no BOM and no cookie: UTF-8, exactly what detect_encoding would say; on an error it is
+        # asked anyway, for its message
+        try:
+            return SourceText(data.decode("utf-8"))
+        except UnicodeDecodeError:
+            pass
     try:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
     except SyntaxError as exc:

@@ -76,7 +76,7 @@ def fix_text(text: str, lint: Callable[[str], list[Finding]], unsafe: bool) -> F
             break
         try:
             cst.parse_module(new_text)
-        except (cst.ParserSyntaxError, RecursionError):
+        except (cst.ParserSyntaxError, cst.CSTValidationError, RecursionError, MemoryError):
             outcome.dropped.append(
                 "fixes for "
                 + ", ".join(sorted({f.rule for f in findings}))

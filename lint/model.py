@@ -693,6 +693,11 @@ class FileModel:
     def text_mentions(self, *tokens: str) -> bool:
         return any(t in self.source for t in tokens)
 
+    def release(self) -> None:
+        """Drop what refers back to the model (``training``), so that the model and its syntax tree are
+        freed as soon as the last reference goes, without waiting for the cyclic garbage collector."""
+        self.__dict__.pop("training", None)
+
     @functools.cached_property
     def training(self):  # -> trainlint.events.Training (imported lazily: events builds on this module)
         """Roles and training events of this file (see ``trainlint.events``)."""

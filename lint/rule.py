@@ -10,6 +10,7 @@ import enum
 import functools
 import importlib
 import pkgutil
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -198,6 +199,42 @@ class RuleDoc:
     references: tuple[str, ...] = ()
 
 
+# -- prefilter groups --------------------------------------------------------------------------------
+Group = tuple[str, ...] | re.Pattern[str]
+
+# What may stand right after a called name, however the call is laid out: its `(`, the `)` of a
+# parenthesised callee (``(x.f)(...)``), a comment or line continuation, a line break, or blanks then
+# one of those. A single space followed by anything else is prose ("backward compatible").
+_AFTER_CALLED = r"(?:[()#\\\t\n\r\f]| [ ()#\\\t\n\r\f])"
+
+
+def group_matches(group: Group, text: str) -> bool:
+    if isinstance(group, re.Pattern):
+        return group.search(text) is not None
+    return any(token in text for token in group)
+
+
+def _alternatives(names: tuple[str, ...]) -> str:
+    return "|".join(map(re.escape, names))
+
+
+def call_pattern(*names: str, or_tokens: tuple[str, ...] = ()) -> re.Pattern[str]:
+    """A prefilter group matching a call of a function or method whose name ends with one of these
+    (or, when given, one of ``or_tokens`` anywhere)."""
+    extra = f"|{_alternatives(or_tokens)}" if or_tokens else ""
+    return re.compile(f"(?:{_alternatives(names)}){_AFTER_CALLED}{extra}")
+
+
+def method_call_pattern(*names: str, or_tokens: tuple[str, ...] = ()) -> re.Pattern[str]:
+    """A prefilter group matching ``x.name(...)`` for one of these names, in any layout: the name follows
+    the ``.`` or blanks after it (``x . name``, a continuation line). Or one of ``or_tokens`` anywhere."""
+    extra = f"|{_alternatives(or_tokens)}" if or_tokens else ""
+    return re.compile(f"[.\\s](?:{_alternatives(names)}){_AFTER_CALLED}{extra}")
+
+
+_CHEAPEST_FIRST: dict[type, list[Group]] = {}
+
+
 class Rule:
     """Base class for every rule. Subclasses set the class variables and implement ``check``."""
 
@@ -209,9 +246,9 @@ class Rule:
     # Source tokens at least one of which must appear in a file for the rule to be able to fire.
     # Empty means the rule is emitted by the engine itself (parse problems).
     tokens: ClassVar[tuple[str, ...]] = ()
-    # Further conditions of the prefilter: for each group, at least one of its tokens must appear too.
-    # Each group must be a necessary condition of every finding the rule can report (see ``can_fire``).
-    requires: ClassVar[tuple[tuple[str, ...], ...]] = ()
+    # Further conditions of the prefilter: each group (tokens, one of which must appear, or a pattern
+    # that must match) must be a necessary condition of every finding the rule can report.
+    requires: ClassVar[tuple[Group, ...]] = ()
     valid: ClassVar[tuple[str, ...]] = ()
     invalid: ClassVar[tuple[Invalid, ...]] = ()
     has_fix: ClassVar[bool] = False
@@ -225,9 +262,15 @@ class Rule:
     @classmethod
     def can_fire(cls, text: str) -> bool:
         """The prefilter's verdict from the raw text: False only when no finding is possible."""
-        return any(token in text for token in cls.tokens) and all(
-            any(token in text for token in group) for group in cls.requires
-        )
+        if not any(token in text for token in cls.tokens):
+            return False
+        order = _CHEAPEST_FIRST.get(cls)
+        if order is None:  # plain substrings first (fewest first), patterns last
+            order = _CHEAPEST_FIRST[cls] = sorted(
+                cls.requires,
+                key=lambda g: (isinstance(g, re.Pattern), 0 if isinstance(g, re.Pattern) else len(g)),
+            )
+        return all(group_matches(group, text) for group in order)
 
     @classmethod
     def has_probe(cls) -> bool:

@@ -30,7 +30,17 @@ from trainlint.model import (
     receiver,
     walk,
 )
-from trainlint.rule import Applicability, Diagnostic, FixSpec, Invalid, Rule, RuleDoc, Severity, TextEditSpec
+from trainlint.rule import (
+    Applicability,
+    Diagnostic,
+    FixSpec,
+    Invalid,
+    Rule,
+    RuleDoc,
+    Severity,
+    TextEditSpec,
+    call_pattern,
+)
 from trainlint.rules.amp import (
     block_of,
     ends_file,
@@ -70,7 +80,29 @@ class AccumulationMeanOfMeans(Rule):
     severity = Severity.WARNING
     probe = "tl301"
     summary = "A token-mean loss divided by the number of accumulation steps: microbatches weigh the same whatever their token counts."
+    # Prefilter: a backward call (`backward_calls`); a division (`/`, `/=`, `* (1 / n)`, `.div(n)`); a
+    # step-count divisor (`is_step_count_name` lower-cases: "acc"/"gas" in every letter case; a `%`
+    # condition's divisor; a backslash for an escaped string key); padding evidence (one of the words
+    # `TokenEvidence._scan` looks for in the raw text before walking, or a PADDING_DATA import/call).
+    # A call is matched as its name followed by what may stand before the call's `(` (or the `)` of a
+    # parenthesised function): one of `()#\` or whitespace, or one space then one of those or a space;
+    # every layout of a call matches, prose such as "backward compatible" does not.
     tokens = ("backward",)
+    requires = (
+        call_pattern("backward"),
+        ("/", "div"),
+        (
+            *("acc", "Acc", "aCc", "acC", "ACc", "AcC", "aCC", "ACC"),
+            *("gas", "Gas", "gAs", "gaS", "GAs", "GaS", "gAS", "GAS"),
+            *("%", "\\"),
+        ),
+        (
+            *("attention_mask", "pad_token", "pad_id", "pad_index", "padding", "pad_to_multiple_of"),
+            *("pad_sequence", "pad_right", "pad_left", "mask_prompt", "loss_mask", "labels_mask"),
+            *("label_mask", "ignore_index", "-100", "DataCollator", "SFTDataset", "get_sft_collate_fn"),
+            *("Alpaca", "Deita", "Dolly", "FLAN", "JSON", "LIMA", "LongForm"),
+        ),
+    )
     doc = RuleDoc(
         what=(
             "Reports a loss that is a mean over a variable number of valid tokens and is then divided "
@@ -551,7 +583,13 @@ class LossAccumulatedWithGraph(Rule):
     severity = Severity.WARNING
     probe = "tl302"
     summary = "A running loss total keeps every iteration's autograd graph alive."
+    # Prefilter: a backward call (matched as for TL301) and an addition to a total (`+=`, `t = t + x`,
+    # `.append(x)`). Nothing else it needs shows in the text: this stays as broad as backward calls.
     tokens = ("backward",)
+    requires = (
+        call_pattern("backward"),
+        ("+", "append"),
+    )
     has_fix = True
     doc = RuleDoc(
         what=(
@@ -1103,7 +1141,15 @@ class ZeroGradEveryMicrostep(Rule):
     summary = (
         "zero_grad() runs on every iteration while step() runs only at the end of an accumulation window."
     )
+    # Prefilter: zero_grad, step and backward method calls (events; matched as for TL301), and an
+    # accumulation condition (`%`, `sync_gradients`, or a counter reset `if n == k` / `if n >= k`).
     tokens = ("zero_grad",)
+    requires = (
+        call_pattern("zero_grad"),
+        call_pattern("step"),
+        call_pattern("backward"),
+        ("%", "sync_gradients", "==", ">="),
+    )
     has_fix = True
     doc = RuleDoc(
         what=(

@@ -31,6 +31,7 @@ from trainlint.rule import (
     RuleDoc,
     Severity,
     TextEditSpec,
+    method_call_pattern,
 )
 
 # ----------------------------------------------------------------------------------------------------
@@ -162,7 +163,20 @@ class ClipBeforeUnscale(Rule):
     severity = Severity.ERROR
     probe = "tl101"
     summary = "Gradient clipping on gradients that are still multiplied by the GradScaler's loss scale."
+    # Every finding needs a clip (`clip_grad` in the call or its import, `utils` of torch.nn.utils), a
+    # scaled backward `x.scale(...).backward()` and the scaler's `x.step(...)`. A method call's name
+    # always stands between `.` or whitespace and `(`, whitespace, `)`, `\` or `#`, however it is laid
+    # out: the last groups ask that of each method (which skips `grad_scale`, `scaled`, prose).
     tokens = ("clip_grad",)
+    requires = (
+        ("utils",),
+        ("backward",),
+        ("scale",),
+        ("step",),
+        method_call_pattern("scale"),
+        method_call_pattern("backward"),
+        method_call_pattern("step"),
+    )
     has_fix = True
     doc = RuleDoc(
         what=(
@@ -681,7 +695,15 @@ class HalfInsteadOfAutocast(Rule):
     summary = (
         "A model converted to fp16/bf16 storage is then trained by an optimizer without fp32 master weights."
     )
+    # Every finding needs a 16-bit conversion, an optimizer built from a class whose path has one of
+    # the second group's names (`torch.optim.*`, `deepspeed.ops.adam.*`, `transformers.AdamW`...) and
+    # its params reached through a `x.parameters()`/`x.named_parameters()` call (delimited as for TL101).
     tokens = ("half", "bfloat16", "float16")
+    requires = (
+        ("parameters",),
+        ("optim", "adam", "lamb", "AdamW", "Adafactor", "lion_pytorch"),
+        method_call_pattern("parameters", "named_parameters"),
+    )
     doc = RuleDoc(
         what=(
             "Reports a module converted to 16-bit storage (`model.half()`, `model.bfloat16()`, "
@@ -1207,7 +1229,16 @@ class StepBypassesScaler(Rule):
     summary = (
         "optimizer.step() called directly after a loss-scaled backward instead of scaler.step(optimizer)."
     )
-    tokens = (".scale(",)
+    # Every finding needs a scaled backward `x.scale(...).backward()` and a `.step()` (method calls,
+    # whose names stand between `.`/whitespace and `(`/whitespace/`)`/`\`/`#`, as for TL101).
+    tokens = ("scale",)
+    requires = (
+        ("backward",),
+        ("step",),
+        method_call_pattern("scale"),
+        method_call_pattern("backward"),
+        method_call_pattern("step"),
+    )
     has_fix = True
     doc = RuleDoc(
         what=(
@@ -1394,7 +1425,16 @@ class ScalerUpdatePerMicrostep(Rule):
     summary = (
         "scaler.update() runs on every micro-step while scaler.step() runs once per accumulation window."
     )
-    tokens = ("update(",)
+    # Every finding needs `x.update()` and `x.step(...)` on a scaler, which is one by a `GradScaler`
+    # construction or by a `x.scale(...)` call (method names delimited as for TL101).
+    tokens = ("update",)
+    requires = (
+        ("step",),
+        ("scale", "GradScaler"),
+        method_call_pattern("update"),
+        method_call_pattern("step"),
+        method_call_pattern("scale", or_tokens=("GradScaler",)),
+    )
     doc = RuleDoc(
         what=(
             "Reports `scaler.update()` that runs on every iteration of a loop in which "
@@ -1543,7 +1583,13 @@ class UnscaleTwice(Rule):
     severity = Severity.ERROR
     probe = "tl104"
     summary = "scaler.unscale_(optimizer) called twice for one optimizer without scaler.update() in between."
+    # Every finding needs `x.unscale_(...)` on a scaler: one by a `GradScaler` construction or by a
+    # `x.scale(...)` call (method names delimited as for TL101; `unscale_` itself is not a `.scale`).
     tokens = ("unscale_",)
+    requires = (
+        method_call_pattern("unscale_"),
+        method_call_pattern("scale", or_tokens=("GradScaler",)),
+    )
     has_fix = True
     doc = RuleDoc(
         what=(
@@ -1752,7 +1798,9 @@ class BackwardInsideAutocast(Rule):
     name = "backward-inside-autocast"
     severity = Severity.WARNING
     summary = "backward() called inside an autocast region."
+    # Every finding needs an autocast region and a `x.backward()` call (delimited as for TL101).
     tokens = ("autocast",)
+    requires = (("backward",), method_call_pattern("backward"))
     has_fix = True
     doc = RuleDoc(
         what=(
@@ -1960,7 +2008,17 @@ class ScalerWithBf16(Rule):
     name = "scaler-with-bf16"
     severity = Severity.INFO
     summary = "A GradScaler used with bf16 autocast, where loss scaling is not needed."
-    tokens = ("bfloat16", "cpu.amp", "'cpu'", '"cpu"')
+    # Every finding needs a bf16 autocast: `bfloat16`, `torch.cpu.amp`, or a device string that is
+    # `cpu` (spelled out, or only through an escape: `\x`, `\u`, `\U`, `\N`, octal `\1..`, a
+    # backslash-newline); an autocast; and `x.scale(...).backward()` (delimited as for TL101).
+    tokens = ("bfloat16", "cpu", "\\x", "\\u", "\\U", "\\N", "\\1", "\\\n", "\\\r")
+    requires = (
+        ("autocast",),
+        ("backward",),
+        ("scale",),
+        method_call_pattern("scale"),
+        method_call_pattern("backward"),
+    )
     doc = RuleDoc(
         what=(
             "Reports a loss-scaled backward (`scaler.scale(loss).backward()`) when every autocast in "
@@ -2115,7 +2173,16 @@ class ClipAfterStep(Rule):
     name = "clip-after-step"
     severity = Severity.WARNING
     summary = "Gradient clipping after the optimizer step that consumed those gradients."
+    # Every finding needs a clip (`clip_grad`, `utils` of torch.nn.utils), a `x.backward()` before it
+    # and a `x.step(...)` between them (method names delimited as for TL101).
     tokens = ("clip_grad",)
+    requires = (
+        ("utils",),
+        ("backward",),
+        ("step",),
+        method_call_pattern("backward"),
+        method_call_pattern("step"),
+    )
     doc = RuleDoc(
         what=(
             "Reports `torch.nn.utils.clip_grad_norm_` / `clip_grad_value_` that runs after "
@@ -2263,7 +2330,15 @@ class Fp16AutocastWithoutScaler(Rule):
     name = "fp16-autocast-without-scaler"
     severity = Severity.WARNING
     summary = "fp16 autocast with a plain backward and no GradScaler: small gradients underflow to zero."
+    # Every finding needs an fp16 autocast (`float16`, `half`, `torch.cuda.amp`, or a device string
+    # that is `cuda`, spelled out or through an escape as for TL107) and a `x.backward()` (delimited
+    # as for TL101).
     tokens = ("autocast",)
+    requires = (
+        ("backward",),
+        ("float16", "half", "cuda", "\\x", "\\u", "\\U", "\\N", "\\1", "\\\n", "\\\r"),
+        method_call_pattern("backward"),
+    )
     doc = RuleDoc(
         what=(
             "Reports a plain `loss.backward()` whose loss was computed under fp16 autocast "

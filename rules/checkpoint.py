@@ -69,7 +69,11 @@ class CheckpointUseReentrant(Rule):
     severity = Severity.WARNING
     probe = "tl201"
     summary = "torch.utils.checkpoint called without an explicit use_reentrant= argument."
+    # Every finding needs a name that resolves to torch.utils.checkpoint.checkpoint[_sequential]: its
+    # parts `torch`, `utils` and `checkpoint` are all written in the file (call, import or assignment),
+    # and `utils` after `.`, whitespace, `(` or `,` (in `torch.utils`, `from torch import (nn, utils)`).
     tokens = ("checkpoint",)
+    requires = (("utils",), ("torch",), tuple(a + "utils" for a in ".\t\n\r\f (,"))
     has_fix = True
     doc = RuleDoc(
         what=(
@@ -185,7 +189,9 @@ class CheckpointReentrantExplicit(Rule):
     severity = Severity.INFO
     probe = "tl202"
     summary = "use_reentrant=True passed to torch.utils.checkpoint explicitly."
+    # Every finding needs torch's checkpoint (see TL201) and a `True` (the literal or a constant's value).
     tokens = ("use_reentrant",)
+    requires = (("True",), ("utils",), ("torch",), tuple(a + "utils" for a in ".\t\n\r\f (,"))
     doc = RuleDoc(
         what="Reports `use_reentrant=True` passed to torch's checkpoint functions (a literal or a module constant).",
         why=(
@@ -420,7 +426,9 @@ class CheckpointSideEffect(Rule):
     severity = Severity.WARNING
     probe = "tl203"
     summary = "A function run under checkpoint() has side effects, which happen again when it is recomputed."
+    # Every finding needs torch's checkpoint (see TL201); the side effects have too many forms to require.
     tokens = ("checkpoint",)
+    requires = (("utils",), ("torch",), tuple(a + "utils" for a in ".\t\n\r\f (,"))
     doc = RuleDoc(
         what=(
             "Finds the function passed to `torch.utils.checkpoint.checkpoint` (a def, a nested def, "
@@ -560,7 +568,16 @@ class CheckpointRngNotPreserved(Rule):
     severity = Severity.ERROR
     probe = "tl204"
     summary = "preserve_rng_state=False on a checkpointed function that draws random numbers."
+    # Every finding needs torch's checkpoint (see TL201), a `False`, and randomness: `rand*`/`random`,
+    # `bernoulli`, `multinomial`, `normal`, `poisson` or a dropout (`dropout*`, `Dropout`, `AlphaDropout`).
     tokens = ("preserve_rng_state",)
+    requires = (
+        ("False",),
+        ("rand", "bernoulli", "multinomial", "normal", "poisson", "ropout"),
+        ("utils",),
+        ("torch",),
+        tuple(a + "utils" for a in ".\t\n\r\f (,"),
+    )
     doc = RuleDoc(
         what=(
             "Reports a checkpoint call with `preserve_rng_state=False` whose function (resolved as for "

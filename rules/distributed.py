@@ -8,7 +8,7 @@ import libcst as cst
 
 from trainlint.evidence import innermost_loop, is_step_count_name, token_evidence
 from trainlint.model import FileModel, Scope, Site, attr_name, dotted, walk, walk_scope
-from trainlint.rule import Diagnostic, Invalid, Rule, RuleDoc, Severity
+from trainlint.rule import Diagnostic, Invalid, Rule, RuleDoc, Severity, call_pattern
 from trainlint.rules.accumulation import division_reaches_backward, divisions, snippet
 
 DDP_CLASSES = frozenset(
@@ -87,7 +87,17 @@ class DdpAccumulationWithoutNoSync(Rule):
     severity = Severity.WARNING
     probe = "tl501"
     summary = "Gradient accumulation on a DistributedDataParallel model without no_sync(): all-reduce on every microbatch."
+    # Prefilter: a `DistributedDataParallel(...)` call (its imported name is in the text even when it
+    # is called as `DDP`), and backward and step method calls (events).
+    # A call is matched as its name followed by what may stand before the call's `(` (or the `)` of a
+    # parenthesised function): one of `()#\` or whitespace, or one space then one of those or a space;
+    # every layout of a call matches, prose such as "backward compatible" does not.
     tokens = ("DistributedDataParallel", "DDP")
+    requires = (
+        ("DistributedDataParallel",),
+        call_pattern("backward"),
+        call_pattern("step"),
+    )
     doc = RuleDoc(
         what=(
             "Reports the backward of a gradient-accumulation loop (the optimizer steps only under an "
@@ -289,7 +299,21 @@ class TokenMeanNotGlobal(Rule):
     severity = Severity.WARNING
     probe = "tl502"
     summary = "A loss normalised by the local token count under data parallelism: ranks with fewer tokens weigh more."
+    # Prefilter: a local count (a `sum`/`count_nonzero` call); a `/` (BinaryOperation divisions only);
+    # a backward call (calls matched as for TL501); a summed or unreduced cross-entropy (its function
+    # or class name, and `reduction=` or `size_average=`); a DATA_PARALLEL call or import.
     tokens = ("sum", "count_nonzero")
+    requires = (
+        call_pattern("sum", "count_nonzero"),
+        ("/",),
+        call_pattern("backward"),
+        ("cross_entropy", "nll_loss", "CrossEntropyLoss", "NLLLoss"),
+        ("reduction", "size_average"),
+        (
+            *("DistributedDataParallel", "init_process_group", "FullyShardedDataParallel", "fully_shard"),
+            *("Accelerator", "initialize", "Fabric", "FSDPStrategy", "DDPStrategy"),
+        ),
+    )
     doc = RuleDoc(
         what=(
             "Reports, in a file that trains with several processes (DistributedDataParallel, "

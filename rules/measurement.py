@@ -18,7 +18,7 @@ from trainlint.model import (
     walk,
     walk_scope,
 )
-from trainlint.rule import Diagnostic, Invalid, Rule, RuleDoc, Severity
+from trainlint.rule import Diagnostic, Invalid, Rule, RuleDoc, Severity, call_pattern
 
 DEVICE_MODULES = ("torch.cuda", "torch.cuda.memory", "torch.xpu", "torch.xpu.memory", "torch.mps")
 PEAK_READINGS = frozenset(
@@ -93,7 +93,9 @@ class PeakMemoryWithoutReset(Rule):
     name = "peak-memory-without-reset"
     severity = Severity.WARNING
     summary = "A peak-memory reading that measures a region, with no reset_peak_memory_stats() before it."
+    # Prefilter: the reading's name; its qualified name starts with `torch`, imported in the text.
     tokens = ("max_memory_allocated", "max_memory_reserved")
+    requires = (("torch",),)
     doc = RuleDoc(
         what=(
             "Reports `torch.cuda.max_memory_allocated()` and `max_memory_reserved()` used to measure a "
@@ -292,7 +294,11 @@ class CudaTimingWithoutSync(Rule):
     name = "cuda-timing-without-sync"
     severity = Severity.WARNING
     summary = "A wall-clock interval around CUDA work closed without torch.cuda.synchronize()."
+    # Prefilter: "cuda" (checked first by `check`); a clock (even aliased) needs `import time[it]` or
+    # `from time[it] import`, where the module name follows whitespace, a comma or a continuation
+    # line; a subtraction `t1 - t0`.
     tokens = ("time", "timer")
+    requires = (("cuda",), (" time", "\ttime", "\x0ctime", ",time", "\ntime", "\rtime"), ("-",))
     doc = RuleDoc(
         what=(
             "Reports the closing clock read (`time.time()`, `time.perf_counter()`, `time.monotonic()`) "
@@ -548,7 +554,15 @@ class EmptyCacheInLoop(Rule):
     name = "empty-cache-in-loop"
     severity = Severity.WARNING
     summary = "torch.cuda.empty_cache() on every iteration of a training loop."
+    # Prefilter: torch's empty_cache, and a backward or step method call (an event) in its loop.
+    # A call is matched as its name followed by what may stand before the call's `(` (or the `)` of a
+    # parenthesised function): one of `()#\` or whitespace, or one space then one of those or a space;
+    # every layout of a call matches, prose such as "backward compatible" does not.
     tokens = ("empty_cache",)
+    requires = (
+        ("torch",),
+        call_pattern("backward", "step"),
+    )
     doc = RuleDoc(
         what=(
             "Reports `torch.cuda.empty_cache()` that runs on every iteration of a loop whose iterations "
@@ -688,7 +702,10 @@ class MemoryBeforeFirstStep(Rule):
     summary = (
         "A memory reading after the optimizer is built but before its first step (no optimizer state yet)."
     )
+    # Prefilter: torch's reading, and an optimizer construction (a qualified name with a part of an
+    # OPTIMIZER_PREFIXES entry: `optim`, `adam`, `lamb`, `AdamW`, `Adafactor`, `lion_pytorch`).
     tokens = ("memory_allocated", "memory_reserved", "mem_get_info")
+    requires = (("torch",), ("optim", "adam", "lamb", "AdamW", "Adafactor", "lion_pytorch"))
     doc = RuleDoc(
         what=(
             "Reports a device memory reading (`torch.cuda.memory_allocated()`, `max_memory_allocated()`, "
@@ -848,7 +865,10 @@ class MaterializedAttentionScores(Rule):
     name = "materialized-attention-scores"
     severity = Severity.INFO
     summary = "Attention written out by hand stores the full sequence x sequence score matrix for backward."
+    # Prefilter: a softmax, a score product (`@` or `matmul`) of a transposed key (`transpose`,
+    # `swapaxes`, `mT`), in a class whose base ends with `Module`.
     tokens = ("softmax",)
+    requires = (("@", "matmul"), ("transpose", "swapaxes", "mT"), ("Module",))
     doc = RuleDoc(
         what=(
             "Reports the score product `q @ k.transpose(-2, -1)` (or `torch.matmul(q, k.transpose(...))`, "

@@ -515,3 +515,47 @@ def test_folders_above_the_given_path_do_not_exclude_it(tmp_path, capsys, monkey
     assert code == 1
     assert data["summary"]["files"] == 1
     assert {Path(p).name for p in found(data)} == {"train.py"}
+
+
+# --- file names the output cannot encode, files gone before their fix ------------------------------
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="needs a file system that takes any bytes as a name")
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_a_file_name_the_output_cannot_encode(tmp_path: Path, fmt: str) -> None:
+    """A Latin-1 file name under a strict UTF-8 stdout: escaped in the output, never an internal error."""
+    (tmp_path / os.fsdecode(b"caf\xe9.py")).write_text(GOOD, encoding="utf-8")
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8:strict", "LC_ALL": "C.UTF-8"}
+    done = subprocess.run(
+        [sys.executable, "-m", "trainlint", "--no-cache", "--format", fmt, "."],
+        cwd=tmp_path,
+        capture_output=True,
+        env=env,
+        timeout=120,
+    )
+    out, err = done.stdout.decode("utf-8"), done.stderr.decode("utf-8")
+    assert done.returncode == 1, err
+    assert "internal error" not in err and "Traceback" not in err
+    if fmt == "json":
+        data = json.loads(out)
+        assert {f["path"] for f in data["findings"]} == {os.fsdecode(b"caf\xe9.py")}
+    else:
+        assert "caf\\udce9.py:3:5: TL201" in out
+
+
+def test_a_file_deleted_before_its_fix_is_reported(tree: Path, capsys, monkeypatch) -> None:
+    real = Path.read_bytes
+
+    def vanished(self: Path) -> bytes:
+        if self.name == "good.py":
+            raise FileNotFoundError(2, "No such file or directory", str(self))
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", vanished)
+    code = run(["--no-cache", "--jobs", "1", "--fix", "--unsafe-fixes", "--format", "json", "."])
+    captured = capsys.readouterr()
+    assert code == 1  # findings remain; a file that vanished is not the tool's own failure
+    data = json.loads(captured.out)
+    assert "good.py: fix not applied: cannot read the file: no such file or directory" in captured.err
+    assert_good_reported(data)  # its findings are still reported, unfixed
+    assert (tree / "good.py").read_text(encoding="utf-8") == GOOD
