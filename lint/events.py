@@ -39,6 +39,8 @@ GRAD_SCALERS = frozenset(
         "torch.distributed.fsdp.ShardedGradScaler",
     }
 )
+# Contexts and decorators under which autograd records nothing (no graph, no gradients).
+GRAD_DISABLED = frozenset({"torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad"})
 CLIP_FUNCTIONS = frozenset(
     f"{prefix}.{name}"
     for prefix in ("torch.nn.utils", "torch.nn.utils.clip_grad")
@@ -352,3 +354,24 @@ def first_arg(call: cst.Call, name: str | None = None) -> cst.BaseExpression | N
         if kw is not None:
             return kw.value
     return None
+
+
+def _callee(expr: cst.BaseExpression) -> cst.BaseExpression:
+    """``torch.no_grad`` for both ``torch.no_grad`` and ``torch.no_grad()``."""
+    return expr.func if isinstance(expr, cst.Call) else expr
+
+
+def in_grad_disabled_block(model: FileModel, site: Site) -> bool:
+    """The site runs inside ``with torch.no_grad():`` (or ``inference_mode``) in its own scope."""
+    for frame in site.frames:
+        if frame.kind == "with" and isinstance(frame.node, cst.With):
+            for item in frame.node.items:
+                if model.qualname(_callee(item.item), site.scope) in GRAD_DISABLED:
+                    return True
+    return False
+
+
+def grad_disabled_function(model: FileModel, function: cst.FunctionDef, scope: Scope) -> bool:
+    """The function is decorated with ``@torch.no_grad()`` (or ``inference_mode``); ``scope`` is where
+    its decorators are resolved (the scope that holds the ``def``)."""
+    return any(model.qualname(_callee(d.decorator), scope) in GRAD_DISABLED for d in function.decorators)

@@ -766,6 +766,12 @@ def modulo_divisors(node: cst.CSTNode) -> list[str]:
     return out
 
 
+def share_loop(a: Site, b: Site) -> bool:
+    """Both sites sit inside one same loop (at any depth, in any of its branches)."""
+    loops = {id(f.node) for f in a.frames if f.kind == "loop"}
+    return any(f.kind == "loop" and id(f.node) in loops for f in b.frames)
+
+
 def innermost_loop(site: Site) -> Frame | None:
     for frame in reversed(site.frames):
         if frame.kind == "loop" and frame.branch == "body":

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from trainlint.events import Event, mentions_parameters_of
+from trainlint.events import Event, in_grad_disabled_block, mentions_parameters_of
 from trainlint.evidence import (
     LossOrigin,
     frames_inside,
@@ -16,6 +16,7 @@ from trainlint.evidence import (
     is_number,
     is_step_count_name,
     modulo_divisors,
+    share_loop,
     token_evidence,
 )
 from trainlint.model import (
@@ -529,7 +530,6 @@ def _derived_names(model: FileModel, scope: Scope, names: set[str], after: int) 
 
 DETACHING_METHODS = frozenset({"item", "detach", "detach_", "tolist", "numpy"})
 DETACHING_FUNCTIONS = frozenset({"builtins.float", "builtins.int", "builtins.round"})
-NO_GRAD_CONTEXTS = frozenset({"torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad"})
 
 
 def backward_losses(model: FileModel, scope: Scope) -> list[tuple[str, Site]]:
@@ -731,13 +731,13 @@ class LossAccumulatedWithGraph(Rule):
     def check(self, model: FileModel) -> Iterator[Diagnostic]:
         losses_by_scope: dict[int, list[tuple[str, Site]]] = {}
         for site, target, added, statement in self._additions(model):
-            if not site.inside("loop") or self._under_no_grad(model, site) or self._window_loop(site):
+            if not site.inside("loop") or in_grad_disabled_block(model, site) or self._window_loop(site):
                 continue
             scope = site.scope
             if id(scope) not in losses_by_scope:
                 losses_by_scope[id(scope)] = backward_losses(model, scope)
             for key, backward in losses_by_scope[id(scope)]:
-                if not self._same_loop(site, backward) or key == target:
+                if not share_loop(site, backward) or key == target:
                     continue
                 if not self._attached_reference(model, added, key, site):
                     continue
@@ -785,22 +785,6 @@ class LossAccumulatedWithGraph(Rule):
                 key = _target_key(call.func.value)
                 if key is not None:
                     yield site, key, call.args[0].value, call
-
-    @staticmethod
-    def _same_loop(site: Site, backward: Site) -> bool:
-        loops = {id(f.node) for f in site.frames if f.kind == "loop"}
-        return any(f.kind == "loop" and id(f.node) in loops for f in backward.frames)
-
-    @staticmethod
-    def _under_no_grad(model: FileModel, site: Site) -> bool:
-        for frame in site.frames:
-            if frame.kind == "with" and isinstance(frame.node, cst.With):
-                for item in frame.node.items:
-                    call = item.item
-                    func = call.func if isinstance(call, cst.Call) else call
-                    if model.qualname(func, site.scope) in NO_GRAD_CONTEXTS:
-                        return True
-        return False
 
     @staticmethod
     def _attached_reference(model: FileModel, added: cst.BaseExpression, key: str, site: Site) -> bool:

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import libcst as cst
 
-from trainlint.events import Event, Training, first_arg
+from trainlint.events import Event, Training, first_arg, grad_disabled_function, in_grad_disabled_block
 from trainlint.model import (
     LINE_BREAK,
     FileModel,
@@ -540,7 +540,6 @@ MASTER_WEIGHT_CALLS = frozenset(
     {"FP16_Optimizer", "Float16OptimizerWithFloat16Params", "MixedPrecisionOptimizer", "FP16_Module"}
 )
 MASTER_WEIGHT_INITIALIZERS = ("apex.amp.initialize", "deepspeed.initialize", "msamp.initialize")
-INFERENCE_CONTEXTS = frozenset({"torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad"})
 PARAM_CONTAINERS = frozenset(
     {
         "builtins.list",
@@ -668,21 +667,15 @@ def yields_parameters(model: FileModel, expr: cst.CSTNode, key: str, scope: Scop
 
 
 def inference_context(model: FileModel, site: Site) -> bool:
-    for frame in site.frames:
-        if frame.kind == "with" and isinstance(frame.node, cst.With):
-            for item in frame.node.items:
-                item_call = item.item
-                func = item_call.func if isinstance(item_call, cst.Call) else item_call
-                if model.qualname(func, site.scope) in INFERENCE_CONTEXTS:
-                    return True
+    """Under ``no_grad``/``inference_mode``: a ``with`` block, or a decorated function around the site."""
+    if in_grad_disabled_block(model, site):
+        return True
     scope: Scope | None = site.scope
     while scope is not None and scope.kind == "function":
         node = scope.node
         assert isinstance(node, cst.FunctionDef)
-        for deco in node.decorators:
-            func = deco.decorator.func if isinstance(deco.decorator, cst.Call) else deco.decorator
-            if model.qualname(func, scope.parent or scope) in INFERENCE_CONTEXTS:
-                return True
+        if grad_disabled_function(model, node, scope.parent or scope):
+            return True
         scope = scope.parent
     return False
 

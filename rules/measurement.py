@@ -6,7 +6,8 @@ from collections.abc import Iterator
 
 import libcst as cst
 
-from trainlint.evidence import frames_inside, innermost_loop, int_value
+from trainlint.events import grad_disabled_function
+from trainlint.evidence import frames_inside, innermost_loop, int_value, share_loop
 from trainlint.model import (
     FileModel,
     Frame,
@@ -50,7 +51,6 @@ TRAINING_WORK = ("backward", "scaled_backward", "step", "scaler_step")
 OPTIMIZER_WRAPPERS = frozenset(
     {"prepare", "setup", "setup_optimizers", "initialize", "prepare_optimizer", "register_optimizer"}
 )
-NO_GRAD_DECORATORS = frozenset({"torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad"})
 SDPA = frozenset(
     {"torch.nn.functional.scaled_dot_product_attention", "torch.nn.functional.multi_head_attention_forward"}
 )
@@ -78,11 +78,6 @@ def _local_function_calls(model: FileModel, site: Site, predicate) -> bool:
         return False
     inner = model.scope_for(definition)
     return any(predicate(s) for s in model.calls if s.scope is inner)
-
-
-def _same_loop(a: Site, b: Site) -> bool:
-    loops = {id(f.node) for f in a.frames if f.kind == "loop"}
-    return any(f.kind == "loop" and id(f.node) in loops for f in b.frames)
 
 
 # -- TL401 -----------------------------------------------------------------------------------------------
@@ -238,7 +233,7 @@ class PeakMemoryWithoutReset(Rule):
         while scope is not None and scope.kind in ("function", "lambda", "module"):
             for site in model.calls_in(scope):
                 # In an enclosing scope, a reset anywhere may run before this function is called.
-                before = not first or site.order < reading.order or _same_loop(site, reading)
+                before = not first or site.order < reading.order or share_loop(site, reading)
                 if not before:
                     continue
                 if self._is_reset(site) or _local_function_calls(model, site, self._is_reset):
@@ -815,7 +810,7 @@ class MemoryBeforeFirstStep(Rule):
                 continue
             optimizer_names = {n for e in built for n in _assigned_to(e.site)}
             steps = training.events_in(scope, "step", "scaler_step")
-            if any(s.order < site.order or _same_loop(s.site, site) for s in steps):
+            if any(s.order < site.order or share_loop(s.site, site) for s in steps):
                 continue
             if self._handed_over(model, scope, optimizer_names, built[0].order, site.order):
                 continue
@@ -1019,7 +1014,7 @@ class MaterializedAttentionScores(Rule):
             products = [n for n in walk_scope(function) if self._score_product(model, n, scope) is not None]
             if not products:
                 continue
-            if not self._is_module_class(cls.node) or self._no_grad(model, function, scope):
+            if not self._is_module_class(cls.node) or grad_disabled_function(model, function, scope):
                 continue
             statements = _statement_index(function)
             for product in products:
@@ -1106,15 +1101,6 @@ class MaterializedAttentionScores(Rule):
     def _is_module_class(cls: cst.CSTNode) -> bool:
         assert isinstance(cls, cst.ClassDef)
         return any((dotted(b.value) or "").endswith("Module") for b in cls.bases)
-
-    @staticmethod
-    def _no_grad(model: FileModel, function: cst.FunctionDef, scope: Scope) -> bool:
-        for decorator in function.decorators:
-            expr = decorator.decorator
-            func = expr.func if isinstance(expr, cst.Call) else expr
-            if model.qualname(func, scope) in NO_GRAD_DECORATORS:
-                return True
-        return False
 
     @staticmethod
     def _file_uses_sdpa(model: FileModel) -> bool:

@@ -89,12 +89,6 @@ class Tree:
             yield current
             current = self.parent.get(id(current))
 
-    def enclosing_function(self, node: cst.CSTNode) -> cst.FunctionDef | None:
-        for anc in self.ancestors(node):
-            if isinstance(anc, cst.FunctionDef):
-                return anc
-        return None
-
     def enclosing_class(self, func: cst.FunctionDef) -> cst.ClassDef | None:
         """The class whose body holds ``func`` directly (a method), else None."""
         body = self.parent.get(id(func))
