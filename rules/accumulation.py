@@ -16,7 +16,6 @@ from trainlint.evidence import (
     is_number,
     is_step_count_name,
     modulo_divisors,
-    share_loop,
     token_evidence,
 )
 from trainlint.model import (
@@ -450,8 +449,15 @@ def divisions(model: FileModel) -> Iterator[Division]:
             yield Division(call, call.func.value, positional(call)[0], site)
 
 
+# What frameworks call it: ``loss.backward()``, ``torch.autograd.backward``, ``accelerator``/``fabric``/
+# DeepSpeed ``engine``/ColossalAI ``booster.backward(loss)``, Lightning's ``self.manual_backward``.
+# Any other name ending in ``backward`` (``_must_be_in_backward(node)``, ``is_backward(x)``) is a
+# backward only when it is this file's own function that runs one (see ``backward_calls``).
+BACKWARD_NAMES = frozenset({"backward", "manual_backward"})
+
+
 def is_backward_call(call: cst.Call) -> bool:
-    return (attr_name(call) or "").endswith("backward")
+    return attr_name(call) in BACKWARD_NAMES
 
 
 def backward_calls(model: FileModel, scope: Scope) -> list[Site]:
@@ -673,8 +679,28 @@ class LossAccumulatedWithGraph(Rule):
         # accumulated under no_grad
         "import torch\nfor x, y in loader:\n    loss = crit(model(x), y)\n    loss.backward()\n"
         "    with torch.no_grad():\n        total += loss",
+        # an eval loop after the training loop, in the same epoch loop (accelerate's examples): the
+        # loss there comes from a no_grad forward, and no iteration of it makes a graph
+        "import torch\nfor epoch in range(E):\n    for batch in train_loader:\n        loss = model(**batch).loss\n"
+        "        accelerator.backward(loss)\n        optimizer.step()\n    losses = []\n"
+        "    for batch in eval_loader:\n        with torch.no_grad():\n            outputs = model(**batch)\n"
+        "        loss = outputs.loss\n        losses.append(loss)",
+        # a predicate whose name ends in "backward" is not a backward (torch/_functorch/partitioners.py)
+        "output_values = []\nfor x in outputs:\n    if _must_be_in_backward(x):\n        continue\n"
+        "    output_values.append(x)",
+        # ... even when it appends the training loop's last loss by mistake: one graph, not one per step
+        "import torch\nfor epoch in range(E):\n    for batch in train_loader:\n        loss = model(**batch).loss\n"
+        "        accelerator.backward(loss)\n    losses = []\n    for batch in eval_loader:\n"
+        "        with torch.no_grad():\n            outputs = model(**batch)\n"
+        "        losses.append(gather(loss.repeat(bs)))",
     )
     invalid = (
+        # added once per epoch, after the epoch's loop: one graph per epoch stays alive
+        Invalid(
+            "history = []\nfor epoch in range(E):\n    for x, y in loader:\n        loss = crit(model(x), y)\n"
+            "        loss.backward()\n    history.append(loss)",
+            line=6,
+        ),
         # reset once per epoch, accumulated over the whole data loader
         Invalid(
             "for epoch in range(3):\n    running_loss = 0.0\n    for x, y in train_loader:\n"
@@ -736,8 +762,11 @@ class LossAccumulatedWithGraph(Rule):
             scope = site.scope
             if id(scope) not in losses_by_scope:
                 losses_by_scope[id(scope)] = backward_losses(model, scope)
+            loop = innermost_loop(site)
             for key, backward in losses_by_scope[id(scope)]:
-                if not share_loop(site, backward) or key == target:
+                # a new graph per iteration of the addition's loop only if the backward runs in that
+                # loop (an eval loop after the training loop holds no new graph per iteration)
+                if loop is None or not in_loop(backward, loop) or key == target:
                     continue
                 if not self._attached_reference(model, added, key, site):
                     continue
