@@ -47,11 +47,11 @@ with open(spec["out"], "wb") as out, open(spec["err"], "wb") as err:
     start = time.perf_counter()
     proc = subprocess.Popen(spec["cmd"], cwd=spec["cwd"], env=spec["env"], stdout=out, stderr=err,
                             stdin=subprocess.DEVNULL)
-    timer = threading.Timer(spec["timeout"], proc.kill)
+    expired = []
+    timer = threading.Timer(spec["timeout"], lambda: (expired.append(True), proc.kill()))
     timer.start()
     rc = proc.wait()  # a blocking waitpid: returns as soon as the command exits
     wall = time.perf_counter() - start
-    expired = not timer.is_alive()
     timer.cancel()
     if expired:
         rc = "timeout"

@@ -22,7 +22,6 @@ import json
 import os
 import sys
 import time
-from importlib.machinery import PathFinder
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +44,9 @@ _PREPARED: set[str] = set()  # cache folders this process has set up
 
 def _libcst_version() -> str:
     """libcst's version without importing it (a warm run need not load the parser)."""
-    spec = PathFinder.find_spec("libcst")
+    import importlib.util
+
+    spec = importlib.util.find_spec("libcst")  # every finder, an editable install's too
     for folder in (spec.submodule_search_locations or []) if spec else []:
         try:
             return (Path(folder) / "_version.py").read_text(encoding="utf-8")

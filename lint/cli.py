@@ -127,14 +127,21 @@ def list_rules(console: Console) -> None:
     console.print(table)
 
 
+def _physical(path: str | Path, cwd: str) -> str:
+    """The path with its folders resolved (links, ``..``) but not its last part: a link is still
+    named as itself, and a path reached through a linked folder is seen where it really is."""
+    joined = os.path.join(cwd, path)
+    folder, name = os.path.split(joined)
+    return os.path.join(os.path.realpath(folder), name) if name else os.path.realpath(joined)
+
+
 def _display_path(path: Path, cwd: str | None = None) -> str:
-    """The path relative to the working folder when it lies inside it, else as given. Links are not
-    followed (``os.path.abspath``, not ``resolve``): a link is reported under its own name."""
-    absolute = os.path.abspath(path)
+    """The path relative to the working folder when it lies inside it, else as given."""
     folder = cwd if cwd is not None else os.getcwd()
     prefix = folder if folder.endswith(os.sep) else folder + os.sep
-    if absolute.startswith(prefix):
-        return Path(absolute[len(prefix) :]).as_posix()
+    for candidate in (os.path.abspath(path), _physical(path, folder)):
+        if candidate.startswith(prefix):
+            return Path(candidate[len(prefix) :]).as_posix()
     return path.as_posix()
 
 
@@ -196,10 +203,12 @@ def _rule_ids_for(config: Config, base: list[str], display: str) -> tuple[str, .
 
 
 def _relative_to_root(config: Config, display: str) -> str:
-    try:
-        return Path(os.path.abspath(display)).relative_to(config.root).as_posix()
-    except ValueError:
-        return display
+    for candidate in (os.path.abspath(display), _physical(display, os.getcwd())):
+        try:
+            return Path(candidate).relative_to(config.root).as_posix()
+        except ValueError:
+            continue
+    return display
 
 
 def _tolerant_output() -> None:
@@ -216,6 +225,7 @@ def _tolerant_output() -> None:
 
 def run(argv: Sequence[str] | None = None, stdin: str | None = None) -> int:
     _tolerant_output()
+    use_known_ids(None)  # what an earlier run in this process installed is not this run's to use
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -73,7 +73,7 @@ def _exclude_matchers(patterns: tuple[str, ...]) -> tuple[re.Pattern[str] | None
     whole: list[str] = []
     part: list[str] = []
     for pattern in patterns:
-        pattern = os.path.normcase(pattern.rstrip("/"))
+        pattern = _norm(pattern.rstrip("/"))
         whole += [fnmatch.translate(pattern), fnmatch.translate(pattern + "/*")]
         if "/" not in pattern:
             part.append(fnmatch.translate(pattern))
@@ -83,8 +83,16 @@ def _exclude_matchers(patterns: tuple[str, ...]) -> tuple[re.Pattern[str] | None
     )
 
 
+def _norm(path: str) -> str:
+    """Case-folded as the platform compares names, with ``/`` separators (Windows' ``normcase`` turns
+    them into backslashes; on POSIX a backslash is an ordinary character of a name)."""
+    folded = os.path.normcase(path)
+    return folded.replace("\\", "/") if os.path.normcase("/") != "/" else folded
+
+
 @functools.lru_cache(maxsize=64)
 def _realpath_of(anchor: str) -> str:
+    """``anchor`` must be absolute: a relative one would be cached against one working folder."""
     return os.path.realpath(anchor)
 
 
@@ -105,7 +113,7 @@ def is_excluded(
     for anchor in (root, base):
         if anchor is None:
             continue
-        prefix = _realpath_of(str(anchor))
+        prefix = _realpath_of(os.path.abspath(anchor))
         if real == prefix:
             rel = "."
             break
@@ -114,7 +122,7 @@ def is_excluded(
             break
     if rel is None:
         rel = Path(path).as_posix()
-    rel = os.path.normcase(rel)
+    rel = _norm(rel)
     if whole.match(rel):
         return True
     return part is not None and any(part.match(p) for p in rel.split("/"))

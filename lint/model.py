@@ -694,9 +694,12 @@ class FileModel:
         return any(t in self.source for t in tokens)
 
     def release(self) -> None:
-        """Drop what refers back to the model (``training``), so that the model and its syntax tree are
-        freed as soon as the last reference goes, without waiting for the cyclic garbage collector."""
-        self.__dict__.pop("training", None)
+        """Drop the cached views that refer back to the model (``training``, token evidence), so that
+        the model and its syntax tree are freed as soon as the last reference goes, without waiting
+        for the cyclic garbage collector."""
+        for name, value in list(self.__dict__.items()):
+            if getattr(value, "model", None) is self:
+                del self.__dict__[name]
 
     @functools.cached_property
     def training(self):  # -> trainlint.events.Training (imported lazily: events builds on this module)

@@ -313,11 +313,12 @@ class Registry:
 _KNOWN_IDS: tuple[str, ...] | None = None
 
 
-def use_known_ids(ids: tuple[str, ...]) -> None:
+def use_known_ids(ids: tuple[str, ...] | None) -> None:
     """Install the rule ids recorded by an earlier run of this very code (the result cache keeps them
-    next to its entries), so that ``rule_ids`` need not import the rule modules and libcst."""
+    next to its entries), so that ``rule_ids`` need not import the rule modules and libcst; ``None``
+    goes back to the registry."""
     global _KNOWN_IDS
-    _KNOWN_IDS = tuple(sorted(ids))
+    _KNOWN_IDS = tuple(sorted(ids)) if ids is not None else None
 
 
 def rule_ids() -> tuple[str, ...]:

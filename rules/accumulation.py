@@ -695,6 +695,12 @@ class LossAccumulatedWithGraph(Rule):
         "        losses.append(gather(loss.repeat(bs)))",
     )
     invalid = (
+        # added in a loop of its own inside the training loop
+        Invalid(
+            "history = []\nfor x, y in loader:\n    loss = crit(model(x), y)\n    loss.backward()\n"
+            "    for log in loggers:\n        history.append(loss)",
+            line=6,
+        ),
         # added once per epoch, after the epoch's loop: one graph per epoch stays alive
         Invalid(
             "history = []\nfor epoch in range(E):\n    for x, y in loader:\n        loss = crit(model(x), y)\n"
@@ -764,9 +770,14 @@ class LossAccumulatedWithGraph(Rule):
                 losses_by_scope[id(scope)] = backward_losses(model, scope)
             loop = innermost_loop(site)
             for key, backward in losses_by_scope[id(scope)]:
-                # a new graph per iteration of the addition's loop only if the backward runs in that
-                # loop (an eval loop after the training loop holds no new graph per iteration)
-                if loop is None or not in_loop(backward, loop) or key == target:
+                # graphs pile up only when one loop holds both: the backward inside the addition's loop
+                # or the addition inside the backward's (an eval loop after the training loop, both in
+                # the epoch loop, makes no new graph per iteration)
+                backward_loop = innermost_loop(backward)
+                if key == target or not (
+                    (loop is not None and in_loop(backward, loop))
+                    or (backward_loop is not None and in_loop(site, backward_loop))
+                ):
                     continue
                 if not self._attached_reference(model, added, key, site):
                     continue

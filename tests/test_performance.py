@@ -704,3 +704,33 @@ def test_benchmark_rejects_unknown_tools(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "unknown tool(s) ruff" in done.stderr
+
+
+def test_linting_leaves_no_syntax_tree_to_the_cyclic_collector() -> None:
+    """The CLI lints with the cyclic collector off and never runs it per file: a cycle between the
+    file model and a cached view of it (``training``, token evidence) would keep a whole syntax tree
+    alive until some later collection. Every rule runs on every example and fixture; no tree node and
+    no model may be left for the collector (small closures of the standard library's
+    ``ast.literal_eval`` are)."""
+    import gc
+
+    sources = [text for _, text in example_sources()]
+    sources += [p.read_text(encoding="utf-8") for p in sorted(FIXTURES.glob("*.py"))]
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    leftovers: dict[int, int] = {}
+    try:
+        for i, text in enumerate(sources):
+            lint_text(text, f"f{i}.py", LintOptions(ALL_IDS, prefilter=False))
+            gc.collect()
+            kept = [o for o in gc.garbage if isinstance(o, cst.CSTNode | FileModel)]
+            if kept:
+                leftovers[i] = len(kept)
+            gc.garbage.clear()
+    finally:
+        gc.set_debug(0)
+        if was_enabled:
+            gc.enable()
+    assert not leftovers, {i: sources[i][:80] for i in list(leftovers)[:3]}

@@ -559,3 +559,58 @@ def test_a_file_deleted_before_its_fix_is_reported(tree: Path, capsys, monkeypat
     assert "good.py: fix not applied: cannot read the file: no such file or directory" in captured.err
     assert_good_reported(data)  # its findings are still reported, unfixed
     assert (tree / "good.py").read_text(encoding="utf-8") == GOOD
+
+
+# --- paths through links, other platforms, several runs in one process -----------------------------
+
+
+def test_a_path_through_a_linked_folder_is_inside_the_project(tmp_path: Path, capsys, monkeypatch) -> None:
+    """Editors pass logical paths (``$PWD/...``) that go through a link to the project: per-file-ignores
+    still apply and the path is still shown relative to the working folder."""
+    real = tmp_path / "real" / "proj"
+    (real / "scripts").mkdir(parents=True)
+    (real / "pyproject.toml").write_text('[tool.trainlint.per-file-ignores]\n"scripts/*" = ["TL201"]\n')
+    (real / "scripts" / "a.py").write_text(GOOD, encoding="utf-8")
+    os.symlink(tmp_path / "real", tmp_path / "link")
+    monkeypatch.chdir(tmp_path / "link" / "proj")  # the process sees the physical path
+    logical = str(tmp_path / "link" / "proj" / "scripts" / "a.py")
+    code, data, _ = lint(capsys, logical)
+    assert code == 1
+    assert found(data) == {"scripts/a.py": [("TL109", *TL109_AT)]}  # TL201 ignored for scripts/*
+
+
+def test_default_excludes_on_a_platform_whose_normcase_uses_backslashes(tmp_path: Path, monkeypatch) -> None:
+    import ntpath
+
+    (tmp_path / "pkg" / "build").mkdir(parents=True)
+    (tmp_path / "pkg" / "__pycache__").mkdir()
+    monkeypatch.setattr(os.path, "normcase", ntpath.normcase)
+    trainlint.files._exclude_matchers.cache_clear()
+    try:
+        for name in ("pkg/build", "pkg/__pycache__", "pkg/Build"):
+            assert trainlint.files.is_excluded(tmp_path / name, ["build", "__pycache__"], tmp_path), name
+        assert not trainlint.files.is_excluded(tmp_path / "pkg", ["build", "__pycache__"], tmp_path)
+    finally:
+        trainlint.files._exclude_matchers.cache_clear()
+
+
+def test_a_relative_folder_given_from_two_working_folders(tmp_path: Path, monkeypatch) -> None:
+    """The same relative path names different folders from different working folders: nothing about
+    the first may be remembered for the second (IDE hosts and tests call ``run`` many times)."""
+    for side in ("one", "two"):
+        (tmp_path / side / "c").mkdir(parents=True)
+        (tmp_path / side / "build" / "target").mkdir(parents=True)
+        (tmp_path / side / "build" / "target" / "t.py").write_text("x = 1\n")
+    for side in ("one", "two"):
+        monkeypatch.chdir(tmp_path / side / "c")
+        found = list(trainlint.files.discover([Path("../build/target")], ["build"], Path.cwd(), []))
+        assert [p.name for p in found] == ["t.py"], side
+
+
+def test_rule_ids_installed_by_one_run_do_not_leak_into_the_next(tree: Path, capsys) -> None:
+    from trainlint.rule import use_known_ids
+
+    use_known_ids(("TL101",))  # as if an earlier run in this process had read a (stale) record
+    code, data, _ = lint(capsys, ".")
+    assert code == 1
+    assert_good_reported(data)
