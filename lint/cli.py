@@ -139,9 +139,11 @@ def _display_path(path: Path, cwd: str | None = None) -> str:
     """The path relative to the working folder when it lies inside it, else as given."""
     folder = cwd if cwd is not None else os.getcwd()
     prefix = folder if folder.endswith(os.sep) else folder + os.sep
-    for candidate in (os.path.abspath(path), _physical(path, folder)):
-        if candidate.startswith(prefix):
-            return Path(candidate[len(prefix) :]).as_posix()
+    absolute = os.path.abspath(path)
+    if not absolute.startswith(prefix):  # resolve folders only when needed: this runs once per file
+        absolute = _physical(path, folder)
+    if absolute.startswith(prefix):
+        return Path(absolute[len(prefix) :]).as_posix()
     return path.as_posix()
 
 
@@ -203,9 +205,9 @@ def _rule_ids_for(config: Config, base: list[str], display: str) -> tuple[str, .
 
 
 def _relative_to_root(config: Config, display: str) -> str:
-    for candidate in (os.path.abspath(display), _physical(display, os.getcwd())):
+    for resolve in (os.path.abspath, lambda d: _physical(d, os.getcwd())):
         try:
-            return Path(candidate).relative_to(config.root).as_posix()
+            return Path(resolve(display)).relative_to(config.root).as_posix()
         except ValueError:
             continue
     return display
