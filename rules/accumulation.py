@@ -84,9 +84,6 @@ class AccumulationMeanOfMeans(Rule):
     # step-count divisor (`is_step_count_name` lower-cases: "acc"/"gas" in every letter case; a `%`
     # condition's divisor; a backslash for an escaped string key); padding evidence (one of the words
     # `TokenEvidence._scan` looks for in the raw text before walking, or a PADDING_DATA import/call).
-    # A call is matched as its name followed by what may stand before the call's `(` (or the `)` of a
-    # parenthesised function): one of `()#\` or whitespace, or one space then one of those or a space;
-    # every layout of a call matches, prose such as "backward compatible" does not.
     tokens = ("backward",)
     requires = (
         call_pattern("backward"),
@@ -589,7 +586,7 @@ class LossAccumulatedWithGraph(Rule):
     severity = Severity.WARNING
     probe = "tl302"
     summary = "A running loss total keeps every iteration's autograd graph alive."
-    # Prefilter: a backward call (matched as for TL301) and an addition to a total (`+=`, `t = t + x`,
+    # Prefilter: a backward call (``call_pattern``) and an addition to a total (`+=`, `t = t + x`,
     # `.append(x)`). Nothing else it needs shows in the text: this stays as broad as backward calls.
     tokens = ("backward",)
     requires = (
@@ -1165,7 +1162,7 @@ class ZeroGradEveryMicrostep(Rule):
     summary = (
         "zero_grad() runs on every iteration while step() runs only at the end of an accumulation window."
     )
-    # Prefilter: zero_grad, step and backward method calls (events; matched as for TL301), and an
+    # Prefilter: zero_grad, step and backward method calls (events, ``call_pattern``), and an
     # accumulation condition (`%`, `sync_gradients`, or a counter reset `if n == k` / `if n >= k`).
     tokens = ("zero_grad",)
     requires = (

@@ -690,7 +690,7 @@ class HalfInsteadOfAutocast(Rule):
     )
     # Every finding needs a 16-bit conversion, an optimizer built from a class whose path has one of
     # the second group's names (`torch.optim.*`, `deepspeed.ops.adam.*`, `transformers.AdamW`...) and
-    # its params reached through a `x.parameters()`/`x.named_parameters()` call (delimited as for TL101).
+    # its params reached through a `x.parameters()`/`x.named_parameters()` call (``method_call_pattern``).
     tokens = ("half", "bfloat16", "float16")
     requires = (
         ("parameters",),
@@ -1222,8 +1222,8 @@ class StepBypassesScaler(Rule):
     summary = (
         "optimizer.step() called directly after a loss-scaled backward instead of scaler.step(optimizer)."
     )
-    # Every finding needs a scaled backward `x.scale(...).backward()` and a `.step()` (method calls,
-    # whose names stand between `.`/whitespace and `(`/whitespace/`)`/`\`/`#`, as for TL101).
+    # Every finding needs a scaled backward `x.scale(...).backward()` and a `.step()` (method calls:
+    # ``method_call_pattern``).
     tokens = ("scale",)
     requires = (
         ("backward",),
@@ -1419,7 +1419,7 @@ class ScalerUpdatePerMicrostep(Rule):
         "scaler.update() runs on every micro-step while scaler.step() runs once per accumulation window."
     )
     # Every finding needs `x.update()` and `x.step(...)` on a scaler, which is one by a `GradScaler`
-    # construction or by a `x.scale(...)` call (method names delimited as for TL101).
+    # construction or by a `x.scale(...)` call (``method_call_pattern``).
     tokens = ("update",)
     requires = (
         ("step",),
@@ -1577,7 +1577,7 @@ class UnscaleTwice(Rule):
     probe = "tl104"
     summary = "scaler.unscale_(optimizer) called twice for one optimizer without scaler.update() in between."
     # Every finding needs `x.unscale_(...)` on a scaler: one by a `GradScaler` construction or by a
-    # `x.scale(...)` call (method names delimited as for TL101; `unscale_` itself is not a `.scale`).
+    # `x.scale(...)` call (``method_call_pattern``; `unscale_` itself is not a `.scale`).
     tokens = ("unscale_",)
     requires = (
         method_call_pattern("unscale_"),
@@ -1791,7 +1791,7 @@ class BackwardInsideAutocast(Rule):
     name = "backward-inside-autocast"
     severity = Severity.WARNING
     summary = "backward() called inside an autocast region."
-    # Every finding needs an autocast region and a `x.backward()` call (delimited as for TL101).
+    # Every finding needs an autocast region and a `x.backward()` call (``method_call_pattern``).
     tokens = ("autocast",)
     requires = (("backward",), method_call_pattern("backward"))
     has_fix = True
@@ -2003,7 +2003,7 @@ class ScalerWithBf16(Rule):
     summary = "A GradScaler used with bf16 autocast, where loss scaling is not needed."
     # Every finding needs a bf16 autocast: `bfloat16`, `torch.cpu.amp`, or a device string that is
     # `cpu` (spelled out, or only through an escape: `\x`, `\u`, `\U`, `\N`, octal `\1..`, a
-    # backslash-newline); an autocast; and `x.scale(...).backward()` (delimited as for TL101).
+    # backslash-newline); an autocast; and `x.scale(...).backward()` (``method_call_pattern``).
     tokens = ("bfloat16", "cpu", "\\x", "\\u", "\\U", "\\N", "\\1", "\\\n", "\\\r")
     requires = (
         ("autocast",),
@@ -2167,7 +2167,7 @@ class ClipAfterStep(Rule):
     severity = Severity.WARNING
     summary = "Gradient clipping after the optimizer step that consumed those gradients."
     # Every finding needs a clip (`clip_grad`, `utils` of torch.nn.utils), a `x.backward()` before it
-    # and a `x.step(...)` between them (method names delimited as for TL101).
+    # and a `x.step(...)` between them (``method_call_pattern``).
     tokens = ("clip_grad",)
     requires = (
         ("utils",),
@@ -2324,8 +2324,8 @@ class Fp16AutocastWithoutScaler(Rule):
     severity = Severity.WARNING
     summary = "fp16 autocast with a plain backward and no GradScaler: small gradients underflow to zero."
     # Every finding needs an fp16 autocast (`float16`, `half`, `torch.cuda.amp`, or a device string
-    # that is `cuda`, spelled out or through an escape as for TL107) and a `x.backward()` (delimited
-    # as for TL101).
+    # that is `cuda`, spelled out or through an escape as for TL107) and a `x.backward()`
+    # (``method_call_pattern``).
     tokens = ("autocast",)
     requires = (
         ("backward",),

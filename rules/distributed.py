@@ -89,9 +89,6 @@ class DdpAccumulationWithoutNoSync(Rule):
     summary = "Gradient accumulation on a DistributedDataParallel model without no_sync(): all-reduce on every microbatch."
     # Prefilter: a `DistributedDataParallel(...)` call (its imported name is in the text even when it
     # is called as `DDP`), and backward and step method calls (events).
-    # A call is matched as its name followed by what may stand before the call's `(` (or the `)` of a
-    # parenthesised function): one of `()#\` or whitespace, or one space then one of those or a space;
-    # every layout of a call matches, prose such as "backward compatible" does not.
     tokens = ("DistributedDataParallel", "DDP")
     requires = (
         ("DistributedDataParallel",),
@@ -300,7 +297,7 @@ class TokenMeanNotGlobal(Rule):
     probe = "tl502"
     summary = "A loss normalised by the local token count under data parallelism: ranks with fewer tokens weigh more."
     # Prefilter: a local count (a `sum`/`count_nonzero` call); a `/` (BinaryOperation divisions only);
-    # a backward call (calls matched as for TL501); a summed or unreduced cross-entropy (its function
+    # a backward call (``call_pattern``); a summed or unreduced cross-entropy (its function
     # or class name, and `reduction=` or `size_average=`); a DATA_PARALLEL call or import.
     tokens = ("sum", "count_nonzero")
     requires = (

@@ -550,9 +550,6 @@ class EmptyCacheInLoop(Rule):
     severity = Severity.WARNING
     summary = "torch.cuda.empty_cache() on every iteration of a training loop."
     # Prefilter: torch's empty_cache, and a backward or step method call (an event) in its loop.
-    # A call is matched as its name followed by what may stand before the call's `(` (or the `)` of a
-    # parenthesised function): one of `()#\` or whitespace, or one space then one of those or a space;
-    # every layout of a call matches, prose such as "backward compatible" does not.
     tokens = ("empty_cache",)
     requires = (
         ("torch",),
