@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 Job = tuple[str, str, "LintOptions"]
 Outcome = tuple["FileResult", "str | None"]
 
-FORMAT = 2  # bump when the entry layout changes
+FORMAT = 3  # bump when the entry layout changes
 STALE_AFTER_S = 7 * 24 * 3600
 _MARKER = ".last-used"
 _RULE_IDS = "rule-ids.json"
@@ -109,7 +109,7 @@ class ResultCache:
 
     def get(self, job: Job) -> Outcome | None:
         """The cached outcome of linting ``job``'s file as it is now on disk, or None."""
-        from trainlint.results import FileResult
+        from trainlint.results import FileResult, Problem
 
         text = read_source(Path(job[0])).text  # safe on FIFOs, huge files, undecodable bytes
         if text is None:
@@ -118,7 +118,8 @@ class ResultCache:
             with open(self._file(self.key(job, text)), encoding="utf-8") as handle:
                 payload = json.load(handle)
             findings = [Finding.from_json(f) for f in payload["findings"]]
-            result = FileResult(job[1], findings, payload["errors"], payload["parsed"])
+            errors = [Problem.from_cache(e) for e in payload["errors"]]
+            result = FileResult(job[1], findings, errors, payload["parsed"])
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
         # the text is only needed for code frames (and fixes) when there are findings
@@ -147,11 +148,11 @@ class ResultCache:
 
     def store(self, job: Job, text: str, result: FileResult) -> None:
         """Record the outcome of linting ``text`` (exactly what was linted, not the file as it is now)."""
-        if any("internal error" in e.get("message", "") for e in result.errors):
+        if not result.cacheable:
             return  # never cache the tool's own failures
         payload: dict[str, Any] = {
             "findings": [f.to_json() for f in result.findings],
-            "errors": result.errors,
+            "errors": [e.to_cache() for e in result.errors],
             "parsed": result.parsed,
         }
         target = self._file(self.key(job, text))

@@ -6,12 +6,14 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from trainlint import __version__
-from trainlint.cache import ResultCache
+from trainlint.cache import Job, Outcome, ResultCache
 from trainlint.config import (
     Config,
     ConfigError,
@@ -22,18 +24,23 @@ from trainlint.config import (
     select_rules,
 )
 from trainlint.files import DEFAULT_EXCLUDES, discover, read_source
-from trainlint.report import RunReport
-from trainlint.results import FileResult, LintOptions
+from trainlint.report import REPORTERS, OutputOptions, RunReport, make_console
+from trainlint.results import FileResult, LintOptions, Problem, ProblemKind, internal_error
 from trainlint.rule import registry, use_known_ids
 
 if TYPE_CHECKING:
+    import multiprocessing.context
+
     from rich.console import Console
+
+    from trainlint.fix import FixOutcome
 
 # A run answered from the result cache imports neither the engine (libcst, the rules) nor rich: both
 # are imported where a file is really linted or findings are drawn.
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
-FORMATS = ("text", "json", "sarif", "github")
+# A first argument naming one of these runs that tool instead of the linter (see the --help epilog).
+SUBCOMMANDS = {"memory": "trainlint.memory.cli", "run": "trainlint.run.cli"}
 
 
 class UsageError(Exception):
@@ -45,14 +52,28 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        # the epilog is laid out by hand (a table of commands); the description is one paragraph
+        if "\n" in text:
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="trainlint",
         description="Find silent mistakes in PyTorch training code: mixed precision, loss scaling, "
         "activation checkpointing and gradient accumulation.",
+        epilog="commands:\n"
+        "  trainlint memory ARGS...  the memory bill of a training setup (see `trainlint memory --help`)\n"
+        "  trainlint run ARGS...     watch your own training run (see `trainlint run --help`)\n"
+        "Only a first argument of exactly `memory` or `run` starts a command; to lint a file or folder\n"
+        "of that name, write ./memory or ./run.",
+        formatter_class=_HelpFormatter,
     )
     p.add_argument("paths", nargs="*", help="files or folders to lint (default: .); '-' reads stdin")
-    p.add_argument("--format", choices=FORMATS, default="text", help="output format (default: text)")
+    p.add_argument("--format", choices=tuple(REPORTERS), default="text", help="output format (default: text)")
     p.add_argument("--select", help="comma-separated rule ids or prefixes to enable (replaces the default)")
     p.add_argument("--extend-select", help="comma-separated rule ids or prefixes to enable in addition")
     p.add_argument("--ignore", help="comma-separated rule ids or prefixes to disable")
@@ -79,19 +100,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _split(value: str | None) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()] if value else []
-
-
-def _console(stderr: bool = False) -> Console:
-    from rich.console import Console
-
-    return Console(stderr=stderr, highlight=False, soft_wrap=True)
-
-
-def _plain(stream: object) -> bool:
-    """Output rich would print without colour: not a terminal, and colour not forced."""
-    isatty = getattr(stream, "isatty", None)
-    tty = bool(isatty()) if callable(isatty) else False
-    return not tty and not os.environ.get("FORCE_COLOR") and not os.environ.get("TTY_COMPATIBLE")
 
 
 def _error(message: str) -> None:
@@ -152,9 +160,7 @@ def _display_path(path: Path, cwd: str | None = None) -> str:
 _FROZEN_IN: dict[str, int] = {}
 
 
-def _lint_one(
-    job: tuple[str, str, LintOptions], cache: ResultCache | None = None
-) -> tuple[FileResult, str | None]:
+def _lint_one(job: Job, cache: ResultCache | None = None) -> Outcome:
     """Worker: read and lint one file, and record the outcome in the cache (from the very text that
     was linted, so a file edited during the run is never cached under the wrong content). Returns the
     text only when it is needed for code frames."""
@@ -186,9 +192,7 @@ def _lint_one(
     try:
         result = lint_text(source.text, shown, options)
     except Exception as exc:  # the engine itself failed on this file: report it, keep going
-        result = FileResult(
-            shown, errors=[{"path": shown, "message": f"internal error: {type(exc).__name__}: {exc}"}]
-        )
+        result = FileResult(shown, errors=[internal_error(shown, exc)])
     finally:
         if collect:
             gc.enable()
@@ -225,132 +229,219 @@ def _tolerant_output() -> None:
                 pass
 
 
+@dataclass
+class _Settings:
+    """What the command line and the configuration decide for this run."""
+
+    args: argparse.Namespace
+    config: Config
+    rule_ids: list[str]
+    severity: tuple[tuple[str, str], ...]
+    cache: ResultCache | None
+
+    def options(self, shown: str) -> LintOptions:
+        return LintOptions(_rule_ids_for(self.config, self.rule_ids, shown), self.severity)
+
+
+@dataclass
+class _Linted:
+    """The outcome of linting every file, before verification and fixes."""
+
+    results: list[tuple[FileResult, str | None]]
+    files: int
+    # what ``--fix`` may rewrite: the reported path -> (the file on disk, or None for stdin; its options)
+    targets: dict[str, tuple[str | None, LintOptions]]
+    problems: list[Problem] = field(default_factory=list)
+    stdin_text: str | None = None
+
+
 def run(argv: Sequence[str] | None = None, stdin: str | None = None) -> int:
     _tolerant_output()
     use_known_ids(None)  # what an earlier run in this process installed is not this run's to use
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        return _subcommand(argv[0], argv[1:])
     try:
-        args = parser.parse_args(argv)
+        args = build_parser().parse_args(argv)
     except UsageError as exc:
-        _error(str(exc))
-        return EXIT_ERROR
-
-    if args.list_rules:
-        list_rules(_console())
-        return EXIT_CLEAN
-    if args.explain:
-        rule = registry().get(args.explain)
-        if rule is None:
-            _error(f"unknown rule {args.explain!r} (see `trainlint --list-rules`)")
-            return EXIT_ERROR
-        print(rule.explain())
-        return EXIT_CLEAN
-
+        return _stop(Problem(ProblemKind.USAGE, "", str(exc)))
+    if args.list_rules or args.explain:
+        return _document(args)
     try:
-        config_path = Path(args.config) if args.config else find_config(Path.cwd())
-        if args.config and not config_path.is_file():
-            raise ConfigError(f"{args.config}: no such configuration file")
-        cache = None
-        if not args.no_cache and "-" not in args.paths:
-            root = config_path.parent.resolve() if config_path is not None else Path.cwd()
-            cache = ResultCache(Path(args.cache_dir) if args.cache_dir else root / ".trainlint_cache")
-            known = cache.recorded_rule_ids()
-            if known is not None:
-                use_known_ids(known)
-        config = load_config(config_path)
-        select = check_selectors(_split(args.select), "--select") if args.select else config.select
-        extend = config.extend_select + check_selectors(_split(args.extend_select), "--extend-select")
-        ignore = config.ignore + check_selectors(_split(args.ignore), "--ignore")
+        settings = _settings(args)
     except ConfigError as exc:
-        _error(f"{exc}")
-        return EXIT_ERROR
-    if args.jobs is not None and args.jobs < 1:
-        _error(f"--jobs must be at least 1, got {args.jobs}")
-        return EXIT_ERROR
-    rule_ids = select_rules(select, extend, ignore)
-    severity = tuple(sorted((k, v.value) for k, v in config.severity.items()))
-
-    if args.verify:
-        from trainlint.verify import torch_available
-
-        if not torch_available():
-            _error('--verify needs PyTorch. Install the extra: pip install "trainlint[verify]"')
-            return EXIT_ERROR
-
+        return _stop(Problem(ProblemKind.CONFIG, "", str(exc)))
     started = time.perf_counter()
-    errors: list[dict[str, str]] = []
-    results: list[tuple[FileResult, str | None]] = []
-    jobs_list: list[tuple[str, str, LintOptions]] = []
-    stdin_text: str | None = None
-    paths = args.paths or ["."]
-    if paths == ["-"] or "-" in paths:
-        if paths != ["-"]:
-            _error("'-' (stdin) cannot be combined with other paths")
-            return EXIT_ERROR
-        from trainlint.engine import lint_text
-
-        stdin_text = stdin if stdin is not None else sys.stdin.read()
-        shown = args.stdin_filename or "<stdin>"
-        options = LintOptions(_rule_ids_for(config, rule_ids, shown), severity)
-        try:
-            result = lint_text(stdin_text, shown, options)
-        except Exception as exc:  # the engine itself failed: report it like a file's failure
-            message = f"internal error: {type(exc).__name__}: {exc}"
-            result = FileResult(shown, errors=[{"path": shown, "message": message}])
-        results.append((result, stdin_text))
-        file_count = 1
-    else:
-        missing = [p for p in paths if not os.path.lexists(p)]
-        if missing:
-            _error(f"{missing[0]}: no such file or folder")
-            return EXIT_ERROR
-        excludes = (
-            config.exclude if config.exclude is not None else list(DEFAULT_EXCLUDES)
-        ) + config.extend_exclude
-        listing_errors: list[str] = []
-        files = list(discover([Path(p) for p in paths], excludes, config.root, listing_errors))
-        errors.extend({"path": "", "message": m} for m in listing_errors)
-        cwd = os.getcwd()
-        for f in files:
-            shown = _display_path(f, cwd)
-            jobs_list.append((str(f), shown, LintOptions(_rule_ids_for(config, rule_ids, shown), severity)))
-        results = _run_jobs(jobs_list, args.jobs, cache)
-        file_count = len(files)
-
-    findings = sorted((f for r, _ in results for f in r.findings), key=lambda f: f.sort_key)
-    for r, _ in results:
-        errors.extend(r.errors)
-    sources = {r.path: text for r, text in results if text is not None}
-
-    report = RunReport(findings, errors, file_count, time.perf_counter() - started, sources)
-
+    linted = _lint_all(settings, stdin)
+    if isinstance(linted, Problem):
+        return _stop(linted)
+    report = _report(linted, time.perf_counter() - started)
     if args.verify:
         from trainlint.verify import verify_findings
 
         report.findings = verify_findings(
             report.findings,
-            sources,
-            device=args.device or config.verify_device,
-            timeout=config.verify_timeout,
+            report.sources,
+            device=args.device or settings.config.verify_device,
+            timeout=settings.config.verify_timeout,
         )
-
     if args.fix or args.diff:
-        targets = {shown: (fs, opts) for fs, shown, opts in jobs_list}
-        if stdin_text is not None:
-            targets = {shown: (None, LintOptions(_rule_ids_for(config, rule_ids, shown), severity))}
-        code = _fix(report, targets, stdin_text, args)
+        code = _fix(report, linted.targets, linted.stdin_text, args)
         if code is not None:
             return code
+    _print_problems(report.errors)
+    REPORTERS[args.format](
+        report, OutputOptions(quiet=args.quiet, statistics=args.statistics, unsafe_fixes=args.unsafe_fixes)
+    )
+    return _exit_code(report, args)
 
-    for e in errors:
-        where = f"{e['path']}: " if e.get("path") else ""
-        _error(f"{where}{e['message']}")
-    _render(report, args)
-    if any("internal error" in e["message"] for e in errors):
+
+def _exit_code(report: RunReport, args: argparse.Namespace) -> int:
+    if any(problem.kind.fatal for problem in report.errors):
         return EXIT_ERROR
     if report.findings and not args.exit_zero:
         return EXIT_FINDINGS
     return EXIT_CLEAN
+
+
+def _stop(problem: Problem) -> int:
+    """End the run before anything is linted: one line on stderr, and the exit code of its kind."""
+    _print_problems([problem])
+    return EXIT_ERROR if problem.kind.fatal else EXIT_CLEAN
+
+
+def _print_problems(problems: Sequence[Problem]) -> None:
+    for problem in problems:
+        _error(f"{problem.path}: {problem.message}" if problem.path else problem.message)
+
+
+def _subcommand(name: str, argv: list[str]) -> int:
+    """``trainlint memory ...`` and ``trainlint run ...``: tools next to the linter, imported only
+    when asked for, so that linting never pays for them."""
+    import importlib
+
+    module_name = SUBCOMMANDS[name]
+    missing = f"the `{name}` command is not available in this installation ({module_name} is missing)"
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name not in (module_name, module_name.rpartition(".")[0]):
+            missing = f"`trainlint {name}` needs the module {exc.name!r}, which is not installed"
+        return _stop(Problem(ProblemKind.USAGE, "", missing))
+    entry = getattr(module, "main", None)
+    if not callable(entry):
+        return _stop(Problem(ProblemKind.USAGE, "", missing))
+    return entry(argv)
+
+
+def _document(args: argparse.Namespace) -> int:
+    """``--list-rules`` and ``--explain``: print and exit, nothing is linted."""
+    if args.list_rules:
+        list_rules(make_console())
+        return EXIT_CLEAN
+    rule = registry().get(args.explain)
+    if rule is None:
+        return _stop(
+            Problem(ProblemKind.USAGE, "", f"unknown rule {args.explain!r} (see `trainlint --list-rules`)")
+        )
+    print(rule.explain())
+    return EXIT_CLEAN
+
+
+def _settings(args: argparse.Namespace) -> _Settings:
+    """The configuration, the cache and the rule selection; raises ``ConfigError``."""
+    config_path = Path(args.config) if args.config else find_config(Path.cwd())
+    if args.config and not config_path.is_file():
+        raise ConfigError(f"{args.config}: no such configuration file")
+    cache = None
+    if not args.no_cache and "-" not in args.paths:
+        root = config_path.parent.resolve() if config_path is not None else Path.cwd()
+        cache = ResultCache(Path(args.cache_dir) if args.cache_dir else root / ".trainlint_cache")
+        known = cache.recorded_rule_ids()
+        if known is not None:
+            use_known_ids(known)
+    config = load_config(config_path)
+    select = check_selectors(_split(args.select), "--select") if args.select else config.select
+    extend = config.extend_select + check_selectors(_split(args.extend_select), "--extend-select")
+    ignore = config.ignore + check_selectors(_split(args.ignore), "--ignore")
+    severity = tuple(sorted((k, v.value) for k, v in config.severity.items()))
+    return _Settings(args, config, select_rules(select, extend, ignore), severity, cache)
+
+
+def _refusal(args: argparse.Namespace, paths: list[str]) -> Problem | None:
+    """What this run is asked to do that it cannot, found before linting anything."""
+    if args.jobs is not None and args.jobs < 1:
+        return Problem(ProblemKind.USAGE, "", f"--jobs must be at least 1, got {args.jobs}")
+    if args.verify:
+        from trainlint.verify import torch_available
+
+        if not torch_available():
+            return Problem(
+                ProblemKind.USAGE,
+                "",
+                '--verify needs PyTorch. Install the extra: pip install "trainlint[verify]"',
+            )
+    if "-" in paths and paths != ["-"]:
+        return Problem(ProblemKind.USAGE, "", "'-' (stdin) cannot be combined with other paths")
+    missing = [p for p in paths if p != "-" and not os.path.lexists(p)]
+    if missing:
+        return Problem(ProblemKind.USAGE, "", f"{missing[0]}: no such file or folder")
+    return None
+
+
+def _lint_all(settings: _Settings, stdin: str | None) -> _Linted | Problem:
+    paths = settings.args.paths or ["."]
+    refusal = _refusal(settings.args, paths)
+    if refusal is not None:
+        return refusal
+    if paths == ["-"]:
+        return _lint_stdin(settings, stdin)
+    return _lint_paths(settings, paths)
+
+
+def _lint_stdin(settings: _Settings, stdin: str | None) -> _Linted:
+    from trainlint.engine import lint_text
+
+    text = stdin if stdin is not None else sys.stdin.read()
+    shown = settings.args.stdin_filename or "<stdin>"
+    options = settings.options(shown)
+    try:
+        result = lint_text(text, shown, options)
+    except Exception as exc:  # the engine itself failed: report it like a file's failure
+        result = FileResult(shown, errors=[internal_error(shown, exc)])
+    return _Linted([(result, text)], 1, {shown: (None, options)}, stdin_text=text)
+
+
+def _lint_paths(settings: _Settings, paths: list[str]) -> _Linted:
+    config = settings.config
+    excludes = (
+        config.exclude if config.exclude is not None else list(DEFAULT_EXCLUDES)
+    ) + config.extend_exclude
+    listing_errors: list[str] = []
+    files = list(discover([Path(p) for p in paths], excludes, config.root, listing_errors))
+    cwd = os.getcwd()
+    jobs_list: list[Job] = []
+    for f in files:
+        shown = _display_path(f, cwd)
+        jobs_list.append((str(f), shown, settings.options(shown)))
+    results = _run_jobs(jobs_list, settings.args.jobs, settings.cache)
+    targets = {shown: (fs, opts) for fs, shown, opts in jobs_list}
+    problems = [Problem(ProblemKind.SKIPPED, "", m) for m in listing_errors]
+    return _Linted(results, len(files), targets, problems)
+
+
+def _report(linted: _Linted, elapsed_s: float) -> RunReport:
+    results = linted.results
+    findings = sorted((f for r, _ in results for f in r.findings), key=lambda f: f.sort_key)
+    errors = [*linted.problems, *(e for r, _ in results for e in r.errors)]
+    sources = {r.path: text for r, text in results if text is not None}
+    return RunReport(findings, errors, linted.files, elapsed_s, sources)
+
+
+class _FixedFile(NamedTuple):
+    original: bytes | None  # the file's bytes as read before fixing (None: stdin)
+    before: str
+    outcome: FixOutcome
 
 
 def _fix(
@@ -361,46 +452,32 @@ def _fix(
 ) -> int | None:
     """Apply (``--fix``) or show (``--diff``) fixes; returns an exit code when the run ends here."""
     from trainlint.engine import lint_text
-    from trainlint.fix import applicable, fix_text, unified_diff, write_fixed
+    from trainlint.fix import applicable, unified_diff, write_fixed
 
-    unsafe = args.unsafe_fixes
-    paths = sorted({f.path for f in report.findings if applicable(f, unsafe)})
+    paths = sorted({f.path for f in report.findings if applicable(f, args.unsafe_fixes)})
     diffs: list[str] = []
     remaining = [f for f in report.findings if f.path not in paths]
     fixed_stdin = stdin_text
     for shown in paths:
         fs_path, options = targets[shown]
-        if fs_path is None:
-            original_bytes, before = None, stdin_text or ""
-        else:
-            try:
-                original_bytes = Path(fs_path).read_bytes()
-            except OSError as exc:  # deleted or made unreadable since it was linted
-                reason = (exc.strerror or type(exc).__name__).lower()
-                report.errors.append(
-                    {"path": shown, "message": f"fix not applied: cannot read the file: {reason}"}
-                )
-                remaining.extend(f for f in report.findings if f.path == shown)
-                continue
-            before = report.sources.get(shown) or read_source(Path(fs_path)).text or ""
-        outcome = fix_text(before, lambda t, s=shown, o=options: lint_text(t, s, o).findings, unsafe)
-        for message in outcome.dropped:
-            report.errors.append({"path": shown, "message": f"fix not applied: {message}"})
+        fixed = _fixed_file(report, shown, fs_path, options, stdin_text, args.unsafe_fixes)
+        if fixed is None:  # the file could not be read again: its findings stay as they were
+            remaining.extend(f for f in report.findings if f.path == shown)
+            continue
+        original, before, outcome = fixed
         if args.diff:
             if outcome.text != before:
                 diffs.append(unified_diff(shown, before, outcome.text))
             continue
-        if fs_path is not None and original_bytes is not None and outcome.text != before:
-            write_fixed(Path(fs_path), original_bytes, outcome.text)
+        if fs_path is not None and original is not None and outcome.text != before:
+            write_fixed(Path(fs_path), original, outcome.text)
         elif fs_path is None:
             fixed_stdin = outcome.text
         report.fixed += outcome.fixed
-        after = lint_text(outcome.text, shown, options)
-        remaining.extend(after.findings)
+        remaining.extend(lint_text(outcome.text, shown, options).findings)
         report.sources[shown] = outcome.text
     if args.diff:
-        for e in report.errors:
-            _error(f"{e['path']}: {e['message']}")
+        _print_problems(report.errors)
         if diffs:
             sys.stdout.write("".join(diffs))
         return EXIT_FINDINGS if diffs and not args.exit_zero else EXIT_CLEAN
@@ -411,55 +488,43 @@ def _fix(
     return None
 
 
-def _render(report: RunReport, args: argparse.Namespace) -> None:
-    if args.format == "json":
-        from trainlint.report.json_format import render_json
+def _fixed_file(
+    report: RunReport,
+    shown: str,
+    fs_path: str | None,
+    options: LintOptions,
+    stdin_text: str | None,
+    unsafe: bool,
+) -> _FixedFile | None:
+    """One file's (or stdin's) text with its fixes applied, written nowhere yet; None when the file
+    cannot be read again. Fixes that had to be dropped are recorded in ``report.errors``."""
+    from trainlint.engine import lint_text
+    from trainlint.fix import fix_text
 
-        print(render_json(report))
-    elif args.format == "sarif":
-        from trainlint.report.sarif import render_sarif
-
-        print(render_sarif(report))
-    elif args.format == "github":
-        from trainlint.report.github import render_github
-
-        text = render_github(report)
-        if text:
-            print(text)
-    elif not (report.findings or report.errors or report.fixed or args.statistics or args.quiet) and _plain(
-        sys.stdout
-    ):
-        # nothing to draw: no need to load rich for one uncoloured line (pre-commit, CI logs)
-        print(f"All checks passed! ({report.files} file{'s' if report.files != 1 else ''} checked)")
+    if fs_path is None:
+        original, before = None, stdin_text or ""
     else:
-        from trainlint.report.text import render_statistics, render_text
-
-        if args.statistics:
-            render_statistics(report, _console())
-        else:
-            render_text(report, _console(), quiet=args.quiet, unsafe_fixes=args.unsafe_fixes)
+        try:
+            original = Path(fs_path).read_bytes()
+        except OSError as exc:  # deleted or made unreadable since it was linted
+            reason = (exc.strerror or type(exc).__name__).lower()
+            report.errors.append(
+                Problem(ProblemKind.FIX, shown, f"fix not applied: cannot read the file: {reason}")
+            )
+            return None
+        before = report.sources.get(shown) or read_source(Path(fs_path)).text or ""
+    outcome = fix_text(before, lambda t: lint_text(t, shown, options).findings, unsafe)
+    report.errors.extend(Problem(ProblemKind.FIX, shown, f"fix not applied: {m}") for m in outcome.dropped)
+    return _FixedFile(original, before, outcome)
 
 
 def _run_jobs(
-    jobs_list: list[tuple[str, str, LintOptions]],
-    jobs: int | None,
-    cache: ResultCache | None,
+    jobs_list: list[Job], jobs: int | None, cache: ResultCache | None
 ) -> list[tuple[FileResult, str | None]]:
     """Lint every job: cache hits first, the rest in worker processes when that pays off.
 
     Results keep the order of ``jobs_list`` whatever order the workers finish in."""
-    import gc
-
-    def isolated(job: tuple[str, str, LintOptions]) -> tuple[FileResult, str | None]:
-        """``_lint_one`` in a process of its own: its death becomes an error for this file alone."""
-        try:
-            with ProcessPoolExecutor(max_workers=1, mp_context=context) as single:
-                return single.submit(_lint_one, job, cache).result()
-        except BrokenProcessPool:
-            message = "internal error: the process linting this file died (out of memory, or a crash in native code)"
-            return FileResult(job[1], errors=[{"path": job[1], "message": message}]), None
-
-    results: list[tuple[FileResult, str | None] | None] = [None] * len(jobs_list)
+    results: list[Outcome | None] = [None] * len(jobs_list)
     todo: list[int] = []
     for i, job in enumerate(jobs_list):
         hit = cache.get(job) if cache else None
@@ -467,13 +532,22 @@ def _run_jobs(
             results[i] = hit
         else:
             todo.append(i)
-    if not todo:
-        return [r for r in results if r is not None]
-    # Files to lint: load the engine and the rules here, once, before any worker is forked.
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-    from concurrent.futures.process import BrokenProcessPool
+    if todo:
+        _lint_todo(jobs_list, todo, results, jobs, cache)
+    return [r for r in results if r is not None]
 
+
+def _lint_todo(
+    jobs_list: list[Job],
+    todo: list[int],
+    results: list[Outcome | None],
+    jobs: int | None,
+    cache: ResultCache | None,
+) -> None:
+    """Lint the jobs the cache could not answer, filling ``results`` in place."""
+    import gc
+
+    # Files to lint: load the engine and the rules here, once, before any worker is forked.
     import trainlint.engine  # noqa: F401
 
     if cache is not None:
@@ -486,61 +560,103 @@ def _run_jobs(
             sizes[i] = 0
     # Largest files first: the last tasks are the smallest, so no worker is left alone with a big one.
     todo.sort(key=lambda i: -sizes[i])
-    if jobs is not None:
-        workers = jobs
-    elif hasattr(os, "sched_getaffinity"):
-        workers = len(os.sched_getaffinity(0))  # the cores this process may use, not the machine's
-    else:
-        workers = os.cpu_count() or 1
-    workers = max(1, min(workers, len(todo)))
+    workers = max(1, min(_worker_count(jobs), len(todo)))
     # Starting workers costs tens of milliseconds: not worth it for a few small files (a pre-commit run).
     parallel = workers > 1 and sum(sizes.values()) >= 64 * 1024
-    context = multiprocessing.get_context("fork") if sys.platform == "linux" else None
     # Freeze what is alive now (modules, rules, the job list): the collector never scans it again, and
     # forked workers never copy its pages just to update the collector's bookkeeping.
     gc.collect()
     gc.freeze()
-    pool = outcomes = progress = None
     try:
         if parallel:
-            # fork: workers start with trainlint and libcst already imported (spawn would import them
-            # again in each). ``map`` submits at once, so the workers are forked before any thread of
-            # ours (the progress bar) runs.
-            pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
-            chunk = max(1, len(todo) // (workers * 32))
-            outcomes = pool.map(_lint_one, [jobs_list[i] for i in todo], [cache] * len(todo), chunksize=chunk)
-        if sys.stderr.isatty() and len(todo) > 50:
-            from rich.progress import Progress
+            _lint_in_workers(jobs_list, todo, results, workers, cache)
+        else:
+            with _progress(len(todo)) as advance:
+                for i in todo:
+                    results[i] = _lint_one(jobs_list[i], cache)
+                    advance()
+    finally:
+        gc.unfreeze()
 
-            progress = Progress(console=_console(stderr=True), transient=True)
-            progress.start()
-            task = progress.add_task("linting", total=len(todo))
-        if outcomes is not None:
+
+def _worker_count(jobs: int | None) -> int:
+    if jobs is not None:
+        return jobs
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))  # the cores this process may use, not the machine's
+    return os.cpu_count() or 1
+
+
+def _fork_context() -> multiprocessing.context.BaseContext | None:
+    # fork: workers start with trainlint and libcst already imported (spawn would import them again
+    # in each)
+    import multiprocessing
+
+    return multiprocessing.get_context("fork") if sys.platform == "linux" else None
+
+
+def _lint_in_workers(
+    jobs_list: list[Job],
+    todo: list[int],
+    results: list[Outcome | None],
+    workers: int,
+    cache: ResultCache | None,
+) -> None:
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=_fork_context())
+    try:
+        # ``map`` submits at once, so the workers are forked before any thread of ours (the progress
+        # bar) runs.
+        chunk = max(1, len(todo) // (workers * 32))
+        outcomes = pool.map(_lint_one, [jobs_list[i] for i in todo], [cache] * len(todo), chunksize=chunk)
+        with _progress(len(todo)) as advance:
             try:
                 for i, outcome in zip(todo, outcomes, strict=True):
                     results[i] = outcome
-                    if progress:
-                        progress.advance(task)
+                    advance()
             except BrokenProcessPool:
                 # A worker died (killed, out of memory, a crash in native code). Lint what is left one
                 # file per fresh process, so that only the file that kills its process is reported.
                 for i in todo:
                     if results[i] is None:
-                        results[i] = isolated(jobs_list[i])
-                        if progress:
-                            progress.advance(task)
-        else:
-            for i in todo:
-                results[i] = _lint_one(jobs_list[i], cache)
-                if progress:
-                    progress.advance(task)
+                        results[i] = _lint_isolated(jobs_list[i], cache)
+                        advance()
     finally:
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
-        if progress:
-            progress.stop()
-        gc.unfreeze()
-    return [r for r in results if r is not None]
+        pool.shutdown(cancel_futures=True)
+
+
+def _lint_isolated(job: Job, cache: ResultCache | None) -> Outcome:
+    """``_lint_one`` in a process of its own: its death becomes an error for this file alone."""
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    try:
+        with ProcessPoolExecutor(max_workers=1, mp_context=_fork_context()) as single:
+            return single.submit(_lint_one, job, cache).result()
+    except BrokenProcessPool:
+        message = (
+            "internal error: the process linting this file died (out of memory, or a crash in native code)"
+        )
+        return FileResult(job[1], errors=[Problem(ProblemKind.INTERNAL, job[1], message)]), None
+
+
+@contextmanager
+def _progress(total: int) -> Iterator[Callable[[], None]]:
+    """A progress bar on a terminal for long runs; yields the function that advances it."""
+    if not (sys.stderr.isatty() and total > 50):
+        yield lambda: None
+        return
+    from rich.progress import Progress
+
+    progress = Progress(console=make_console(stderr=True), transient=True)
+    progress.start()
+    task = progress.add_task("linting", total=total)
+    try:
+        yield lambda: progress.advance(task)
+    finally:
+        progress.stop()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -27,7 +27,7 @@ from trainlint.files import (
     too_large,
 )
 from trainlint.model import FileModel
-from trainlint.results import FileResult, LintOptions
+from trainlint.results import FileResult, LintOptions, Problem, ProblemKind, internal_error
 from trainlint.rule import (
     Diagnostic,
     Edit,
@@ -238,9 +238,9 @@ def _to_finding(
 ) -> Finding:
     where = model.position(diag.node)
     related = []
-    for node, message in diag.related:
+    for node, message, label in diag.labelled_related():
         pos = model.position(node)
-        related.append(Related(path, pos.start.line, pos.start.column + 1, message))
+        related.append(Related(path, pos.start.line, pos.start.column + 1, message, label))
     fix = None
     if diag.fix is not None:
         fix = Fix(
@@ -345,9 +345,7 @@ def _lint_parsed(
     except BaseException as exc:  # libcst's native parser panicking (PanicException is a BaseException)
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
-        result.errors.append(
-            {"path": path, "message": f"internal error in the parser (libcst): {type(exc).__name__}: {exc}"}
-        )
+        result.errors.append(internal_error(path, exc, "in the parser (libcst)"))
         return result
     result.parsed = True
     if not active:
@@ -355,7 +353,9 @@ def _lint_parsed(
     try:
         model = FileModel(module, path, text)
     except RecursionError:
-        result.errors.append({"path": path, "message": "file model: nested too deeply to analyse"})
+        result.errors.append(
+            Problem(ProblemKind.UNANALYSABLE, path, "file model: nested too deeply to analyse")
+        )
         return result
     try:
         _run_rules(model, text, path, options, active, result)
@@ -377,13 +377,7 @@ def _run_rules(
                 for diag in rule().check(model)
             ]
         except Exception as exc:  # a rule's bug must not hide other rules' findings
-            result.errors.append(
-                {
-                    "path": path,
-                    "rule": rule.id,
-                    "message": f"internal error in {rule.id}: {type(exc).__name__}: {exc}",
-                }
-            )
+            result.errors.append(internal_error(path, exc, f"in {rule.id}", rule=rule.id))
             continue
         seen: set[tuple[int, int, str]] = set()
         for finding in found:

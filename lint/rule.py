@@ -6,11 +6,13 @@ A rule knows nothing about files, formats or processes: it receives a file model
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import importlib
 import pkgutil
 import re
+import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -73,13 +75,24 @@ class Fix:
 
 @dataclass(frozen=True)
 class Related:
+    """A second location of a finding. ``label`` is the rule's name for the part the location plays
+    (a class constant of the rule, e.g. ``UnscaleTwice.FIRST``): probes find it by that, never by the
+    message's words."""
+
     path: str
     line: int
     column: int
     message: str
+    label: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "line": self.line, "column": self.column, "message": self.message}
+        return {
+            "path": self.path,
+            "line": self.line,
+            "column": self.column,
+            "message": self.message,
+            "label": self.label,
+        }
 
 
 @dataclass(frozen=True)
@@ -170,21 +183,34 @@ class FixSpec:
 
 @dataclass(frozen=True)
 class Diagnostic:
-    """What a rule yields: a node to report at, a message, and optional related nodes and fix."""
+    """What a rule yields: a node to report at, a message, and optional related nodes and fix.
+
+    Each related entry is ``(node, message)`` or ``(node, message, label)``; a label is a class constant
+    of the rule that a probe asks for (``ctx.related(UnscaleTwice.FIRST)``)."""
 
     node: cst.CSTNode
     message: str
-    related: tuple[tuple[cst.CSTNode, str], ...] = ()
+    related: tuple[tuple[cst.CSTNode, str] | tuple[cst.CSTNode, str, str], ...] = ()
     fix: FixSpec | None = None
+
+    def labelled_related(self) -> Iterator[tuple[cst.CSTNode, str, str | None]]:
+        """The related entries as ``(node, message, label)``, label None where the rule gave none."""
+        for node, message, *label in self.related:
+            yield node, message, label[0] if label else None
 
 
 @dataclass(frozen=True)
 class Invalid:
-    """An embedded example that must be reported. ``line`` (1-based), when given, is checked too."""
+    """An embedded example that must be reported once. ``line`` (1-based), when given, is checked too.
+
+    ``fix`` is the file after the rule's safe fix, written by hand (Fixit's ``expected_replacement``);
+    ``unsafe_fix`` the same for a fix applied only with ``--unsafe-fixes``. A rule with ``has_fix``
+    carries at least one of them, or its tests fail."""
 
     code: str
     line: int | None = None
-    count: int = 1
+    fix: str | None = None
+    unsafe_fix: str | None = None
 
 
 @dataclass(frozen=True)
@@ -235,6 +261,13 @@ def method_call_pattern(*names: str, or_tokens: tuple[str, ...] = ()) -> re.Patt
 _CHEAPEST_FIRST: dict[type, list[Group]] = {}
 
 
+def example_text(block: str) -> str:
+    """An example as a rule writes it (a triple-quoted block, indented like the code around it) as the
+    file it stands for: dedented, without the line break after the opening quotes."""
+    text = textwrap.dedent(block)
+    return text[1:] if text.startswith("\n") else text
+
+
 class Rule:
     """Base class for every rule. Subclasses set the class variables and implement ``check``."""
 
@@ -252,9 +285,23 @@ class Rule:
     valid: ClassVar[tuple[str, ...]] = ()
     invalid: ClassVar[tuple[Invalid, ...]] = ()
     has_fix: ClassVar[bool] = False
-    # Name of the runtime probe in ``trainlint.verify.probes`` that can confirm this rule's findings.
-    probe: ClassVar[str | None] = None
+    # True when ``trainlint.verify.probes.PROBES`` has a runtime probe for this rule's findings (a test
+    # holds the two to each other; --list-rules and the README's probe column read this).
+    probe: ClassVar[bool] = False
     engine_only: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.valid = tuple(example_text(code) for code in cls.valid)
+        cls.invalid = tuple(
+            dataclasses.replace(
+                ex,
+                code=example_text(ex.code),
+                fix=None if ex.fix is None else example_text(ex.fix),
+                unsafe_fix=None if ex.unsafe_fix is None else example_text(ex.unsafe_fix),
+            )
+            for ex in cls.invalid
+        )
 
     def check(self, model: FileModel) -> Iterator[Diagnostic]:
         return iter(())
@@ -274,7 +321,7 @@ class Rule:
 
     @classmethod
     def has_probe(cls) -> bool:
-        return cls.probe is not None
+        return cls.probe
 
     @classmethod
     def explain(cls) -> str:
@@ -332,8 +379,9 @@ def registry() -> Registry:
     import trainlint.rules as pkg
 
     found = Registry()
-    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
-        module = importlib.import_module(f"{pkg.__name__}.{info.name}")
+    modules = pkgutil.walk_packages(pkg.__path__, prefix=f"{pkg.__name__}.")
+    for info in sorted(modules, key=lambda m: m.name):
+        module = importlib.import_module(info.name)
         for obj in vars(module).values():
             if isinstance(obj, type) and issubclass(obj, Rule) and obj is not Rule and obj.id:
                 if obj.id in found.rules and found.rules[obj.id] is not obj:

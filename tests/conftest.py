@@ -1,13 +1,22 @@
-"""Shared helpers for the tests."""
+"""Shared helpers for the tests, and the scaffolding of the ``--verify`` test modules.
+
+A verify test module registers its snippets (``SNIPPETS = Snippets()``, ``snippet = SNIPPETS.add``)
+and names ``VERIFY_RULES`` (the rules whose probes it checks), ``VERIFY_FIXTURES`` and
+``VERIFY_TIMEOUT``; its tests then take the module-scoped ``verified`` fixture: every snippet and
+fixture linted and verified in one batch (one child process, torch imported once).
+"""
 
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from trainlint.engine import lint_source
 from trainlint.rule import Finding
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def findings_for(code: str, *rule_ids: str) -> list[Finding]:
@@ -18,3 +27,53 @@ def findings_for(code: str, *rule_ids: str) -> list[Finding]:
 @pytest.fixture
 def lint():
     return findings_for
+
+
+class Snippets(dict[str, tuple[str, str]]):
+    """name -> (rule id, dedented code); each snippet is linted as ``<name>.py`` with its rule only."""
+
+    def add(self, name: str, rule: str, code: str) -> None:
+        self[name] = (rule, textwrap.dedent(code))
+
+    def findings(self, names: list[str]) -> tuple[list[Finding], dict[str, str]]:
+        """The findings of the named snippets' rules, and the sources to verify them against."""
+        sources = {f"{n}.py": self[n][1] for n in names}
+        found = [f for n in names for f in lint_source(self[n][1], f"{n}.py", [self[n][0]])]
+        return found, sources
+
+    def line_of(self, name: str, text: str) -> int:
+        """The 1-based line of the snippet that contains ``text``."""
+        lines = self[name][1].splitlines()
+        return next(i for i, line in enumerate(lines, 1) if text in line)
+
+
+class Verified(dict[str, list[Finding]]):
+    """Snippet name (or fixture path) -> its findings, verified."""
+
+    def one(self, name: str) -> Finding:
+        found = self.get(name, [])
+        assert len(found) == 1, f"{name}: expected one finding, got {[f.rule for f in found]}"
+        assert found[0].verify is not None
+        return found[0]
+
+    def status(self, name: str) -> str:
+        return self.one(name).verify["status"]  # type: ignore[index]
+
+
+@pytest.fixture(scope="module")
+def verified(request) -> Verified:
+    """The calling module's snippets and fixtures, linted and verified in one run."""
+    from trainlint.verify import verify_findings
+
+    module = request.module
+    snippets: Snippets = module.SNIPPETS
+    findings, sources = snippets.findings(list(snippets))
+    for fixture in module.VERIFY_FIXTURES:
+        text = (ROOT / fixture).read_text(encoding="utf-8")
+        sources[fixture] = text
+        findings.extend(lint_source(text, fixture, list(module.VERIFY_RULES)))
+    out = Verified()
+    for finding in verify_findings(findings, sources, device="cpu", timeout=module.VERIFY_TIMEOUT):
+        key = finding.path.removesuffix(".py") if finding.path.startswith("tl") else finding.path
+        out.setdefault(key, []).append(finding)
+    return out

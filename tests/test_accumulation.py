@@ -8,8 +8,8 @@ import libcst as cst
 import pytest
 
 from trainlint.engine import lint_source
-from trainlint.evidence import token_evidence
 from trainlint.model import FileModel
+from trainlint.model.tokens import token_evidence
 from trainlint.rule import registry
 
 

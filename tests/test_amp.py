@@ -908,7 +908,7 @@ def test_tl109_scaler_passed_in_from_elsewhere_is_not_reported() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------
-# The shared accumulation-condition helper (lint/events.py)
+# The shared accumulation-condition helper (lint/model/training.py)
 # ---------------------------------------------------------------------------------------------------
 
 

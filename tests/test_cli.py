@@ -489,7 +489,7 @@ def test_unusual_literals_do_not_crash_rules(project, capsys) -> None:
 
 
 def test_errors_without_findings_do_not_say_all_checks_passed(project, capsys, monkeypatch) -> None:
-    from trainlint.rules import checkpoint as checkpoint_rules
+    from trainlint.rules.checkpoint import tl201_checkpoint_use_reentrant as checkpoint_rules
 
     def boom(self, model):
         raise RuntimeError("rule bug")

@@ -119,3 +119,96 @@ def test_device_cuda_without_cuda_says_it_ran_on_cpu(monkeypatch, capsys) -> Non
     (finding,) = json.loads(capsys.readouterr().out)["findings"]
     assert finding["verify"]["device"] == "cpu"
     assert finding["verify"]["detail"].startswith("--device cuda was asked for but CUDA is not available")
+
+
+# -- probes are tied to rules by code --------------------------------------------------------------------
+
+
+def test_the_rules_that_declare_a_probe_are_exactly_the_keys_of_PROBES() -> None:
+    from trainlint.rule import registry
+    from trainlint.verify.probes import PROBES
+
+    declared = {rule.id for rule in registry() if rule.has_probe()}
+    assert declared == set(PROBES)
+    assert all(callable(probe) for probe in PROBES.values())
+
+
+def test_list_rules_and_the_readme_say_probe_exactly_for_the_rules_in_PROBES(capsys) -> None:
+    from trainlint.verify.probes import PROBES
+
+    assert run(["--list-rules"]) == 0
+    header, *rows = capsys.readouterr().out.strip().splitlines()
+    column = header.split().index("probe")
+    listed = {row.split()[0] for row in rows if row.startswith("TL") and row.split()[column] == "yes"}
+    assert listed == set(PROBES)
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    lines = readme.splitlines()
+    start = lines.index("| id | name | severity | fix | probe | what it reports |") + 2
+    table = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        table.append(line.split("|"))
+    assert len(table) == len(rows), "the README's rule table has a row per rule"
+    assert {cells[1].strip() for cells in table if cells[5].strip() == "yes"} == set(PROBES)
+
+
+def test_a_declared_probe_missing_from_PROBES_is_an_error_not_silence(monkeypatch) -> None:
+    from trainlint.engine import lint_source
+    from trainlint.verify.probes import PROBES
+
+    path = "fixtures/bad_amp_loops.py"
+    text = (ROOT / path).read_text(encoding="utf-8")
+    findings = lint_source(text, path, ["TL104"])
+    assert findings
+    monkeypatch.delitem(PROBES, "TL104")
+    out = trainlint.verify.verify_findings(findings, {path: text}, device="cpu", timeout=30)
+    for finding in out:
+        assert finding.verify is not None and finding.verify["status"] == "error"
+        assert "PROBES" in finding.verify["detail"]
+
+
+def test_verify_imports_no_private_name_of_a_rule_module() -> None:
+    import ast
+
+    for path in sorted((ROOT / "lint" / "verify").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("trainlint.rules"):
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                assert not private, f"{path.name} imports {private} from {node.module}"
+
+
+def test_related_labels_survive_the_json_round_trip() -> None:
+    from trainlint.engine import lint_source
+    from trainlint.rule import Finding
+    from trainlint.rules.amp.tl104_unscale_twice import UnscaleTwice
+
+    path = "fixtures/bad_amp_loops.py"
+    (finding,) = lint_source((ROOT / path).read_text(encoding="utf-8"), path, ["TL104"])
+    assert [r.label for r in finding.related] == [UnscaleTwice.FIRST]
+    data = json.loads(json.dumps(finding.to_json()))
+    assert Finding.from_json(data) == finding
+
+
+@needs_torch
+def test_rewording_a_related_message_keeps_tl104_confirmed(monkeypatch) -> None:
+    """Probes find a related location by the rule's label, not by the words of its message."""
+    import dataclasses
+
+    from trainlint.engine import lint_source
+    from trainlint.rules.amp.tl104_unscale_twice import UnscaleTwice
+
+    check = UnscaleTwice.check
+
+    def reworded(self, model):
+        for diag in check(self, model):
+            related = tuple((node, "said differently", *label) for node, _, *label in diag.related)
+            yield dataclasses.replace(diag, related=related)
+
+    monkeypatch.setattr(UnscaleTwice, "check", reworded)
+    path = "fixtures/bad_amp_loops.py"
+    text = (ROOT / path).read_text(encoding="utf-8")
+    (finding,) = lint_source(text, path, ["TL104"])
+    assert [r.message for r in finding.related] == ["said differently"]
+    (out,) = trainlint.verify.verify_findings([finding], {path: text}, device="cpu", timeout=60)
+    assert out.verify["status"] == "confirmed", out.verify["detail"]

@@ -1,5 +1,5 @@
-"""The catalog of automatic fixes: for every rule that has one, before/after text written by hand, a
-clean re-lint, idempotence, comments kept, line endings and tabs kept; the cases where a fix must not
+"""The catalog of automatic fixes: for every rule that has one, the before/after text written by hand next
+to the rule's invalid examples (``Invalid(..., fix=...)``), a clean re-lint, idempotence, comments kept, line endings and tabs kept; the cases where a fix must not
 be offered; and the end-to-end fixture run (`--fix --unsafe-fixes`, then lint)."""
 
 from __future__ import annotations
@@ -25,532 +25,27 @@ SAFE, UNSAFE = Applicability.SAFE, Applicability.UNSAFE
 
 @dataclass(frozen=True)
 class Case:
+    """An invalid example of a rule that carries the hand-written text after its fix."""
+
     rule: str
-    name: str
-    before: str
-    after: str
+    index: int
+    source: str
+    expected: str
     applicability: Applicability
-    dropped: tuple[str, ...] = ()  # comments that leave with a deleted line
-
-    @property
-    def source(self) -> str:
-        return textwrap.dedent(self.before).lstrip("\n")
-
-    @property
-    def expected(self) -> str:
-        return textwrap.dedent(self.after).lstrip("\n")
 
 
-CASES = [
-    # -- TL101: insert unscale_ before the clip ------------------------------------------------------
-    Case(
-        "TL101",
-        "insert-unscale",
-        """
-        import torch
+def _cases() -> list[Case]:
+    cases = []
+    for rule in registry():
+        for index, example in enumerate(rule.invalid):
+            for expected, applicability in ((example.fix, SAFE), (example.unsafe_fix, UNSAFE)):
+                if expected is not None:
+                    cases.append(Case(rule.id, index, example.code, expected, applicability))
+    return cases
 
-        scaler = torch.amp.GradScaler()
-        for x, y in loader:
-            # forward and scaled backward
-            scaler.scale(loss_fn(model(x), y)).backward()
-            # clip the gradients
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # max norm 1
-            scaler.step(optimizer)  # apply
-            scaler.update()
-        """,
-        """
-        import torch
 
-        scaler = torch.amp.GradScaler()
-        for x, y in loader:
-            # forward and scaled backward
-            scaler.scale(loss_fn(model(x), y)).backward()
-            # clip the gradients
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # max norm 1
-            scaler.step(optimizer)  # apply
-            scaler.update()
-        """,
-        SAFE,
-    ),
-    # -- TL102: step through the scaler --------------------------------------------------------------
-    Case(
-        "TL102",
-        "scaler-step",
-        """
-        import torch
+CASES = _cases()
 
-        scaler = torch.amp.GradScaler()
-        for x, y in loader:
-            scaler.scale(loss_fn(model(x), y)).backward()
-            # apply the update
-            optimizer.step()  # every iteration
-            scaler.update()
-        """,
-        """
-        import torch
-
-        scaler = torch.amp.GradScaler()
-        for x, y in loader:
-            scaler.scale(loss_fn(model(x), y)).backward()
-            # apply the update
-            scaler.step(optimizer)  # every iteration
-            scaler.update()
-        """,
-        SAFE,
-    ),
-    # -- TL104: delete the second unscale_ -----------------------------------------------------------
-    Case(
-        "TL104",
-        "in-a-function",
-        """
-        def step(scaler, optimizer, loss):
-            scaler.scale(loss).backward()
-            scaler.unscale_(optimizer)  # once
-            # measure before clipping
-            log_norm(optimizer)
-            scaler.unscale_(optimizer)  # again
-            # step and update
-            scaler.step(optimizer)
-            scaler.update()
-        """,
-        """
-        def step(scaler, optimizer, loss):
-            scaler.scale(loss).backward()
-            scaler.unscale_(optimizer)  # once
-            # measure before clipping
-            log_norm(optimizer)
-            # step and update
-            scaler.step(optimizer)
-            scaler.update()
-        """,
-        SAFE,
-        dropped=("# again",),
-    ),
-    Case(
-        "TL104",
-        "module-level-multi-line",
-        """
-        import torch
-
-        scaler = torch.amp.GradScaler()
-        scaler.scale(loss).backward()
-        scaler.unscale_(opt)
-        # twice
-        scaler.unscale_(
-            opt,
-        )
-        scaler.step(opt)
-        scaler.update()
-        """,
-        """
-        import torch
-
-        scaler = torch.amp.GradScaler()
-        scaler.scale(loss).backward()
-        scaler.unscale_(opt)
-        # twice
-        scaler.step(opt)
-        scaler.update()
-        """,
-        SAFE,
-    ),
-    Case(
-        "TL104",
-        "only-statement-of-its-block",
-        """
-        def step(scaler, optimizer, loss):
-            scaler.scale(loss).backward()
-            scaler.unscale_(optimizer)
-            if clip:
-                scaler.unscale_(optimizer)  # for the clip
-            scaler.step(optimizer)
-            scaler.update()
-        """,
-        """
-        def step(scaler, optimizer, loss):
-            scaler.scale(loss).backward()
-            scaler.unscale_(optimizer)
-            if clip:
-                pass  # for the clip
-            scaler.step(optimizer)
-            scaler.update()
-        """,
-        SAFE,
-    ),
-    # -- TL106: move the backward after the autocast block -------------------------------------------
-    Case(
-        "TL106",
-        "last-statement-in-a-loop",
-        """
-        import torch
-
-        for x, y in loader:
-            with torch.autocast("cuda", dtype=torch.bfloat16):  # forward only
-                # the loss
-                loss = loss_fn(model(x), y)
-                loss.backward()  # backprop
-            # update
-            optimizer.step()
-        """,
-        """
-        import torch
-
-        for x, y in loader:
-            with torch.autocast("cuda", dtype=torch.bfloat16):  # forward only
-                # the loss
-                loss = loss_fn(model(x), y)
-            loss.backward()  # backprop
-            # update
-            optimizer.step()
-        """,
-        UNSAFE,
-    ),
-    Case(
-        "TL106",
-        "context-variable-multi-line-and-footer-comment",
-        """
-        import torch
-        from contextlib import nullcontext
-
-        ctx = nullcontext() if cpu else torch.autocast("cuda", dtype=torch.float16)
-        with ctx:
-            loss = model(x)
-            scaler.scale(
-                loss
-            ).backward()
-            # scaler.update() comes later
-
-        scaler.step(opt)
-        """,
-        """
-        import torch
-        from contextlib import nullcontext
-
-        ctx = nullcontext() if cpu else torch.autocast("cuda", dtype=torch.float16)
-        with ctx:
-            loss = model(x)
-            # scaler.update() comes later
-        scaler.scale(
-            loss
-        ).backward()
-
-        scaler.step(opt)
-        """,
-        UNSAFE,
-    ),
-    Case(
-        "TL106",
-        "nested-in-a-method-at-the-end-of-the-file",
-        """
-        import torch
-
-        class Trainer:
-            def step(self, batch):
-                with torch.amp.autocast("cuda"):  # forward
-                    loss = self.model(batch).loss
-                    loss.backward()""",
-        """
-        import torch
-
-        class Trainer:
-            def step(self, batch):
-                with torch.amp.autocast("cuda"):  # forward
-                    loss = self.model(batch).loss
-                loss.backward()""",
-        UNSAFE,
-    ),
-    # -- TL201: explicit use_reentrant=False ---------------------------------------------------------
-    Case(
-        "TL201",
-        "use-reentrant",
-        """
-        import torch.utils.checkpoint as cp
-
-        def forward(blocks, x):
-            for block in blocks:
-                # recompute in backward
-                x = cp.checkpoint(block, x)  # saves memory
-            return x
-        """,
-        """
-        import torch.utils.checkpoint as cp
-
-        def forward(blocks, x):
-            for block in blocks:
-                # recompute in backward
-                x = cp.checkpoint(block, x, use_reentrant=False)  # saves memory
-            return x
-        """,
-        UNSAFE,
-    ),
-    # -- TL302: take the loss out of the graph -------------------------------------------------------
-    Case(
-        "TL302",
-        "item-when-every-use-takes-a-number",
-        """
-        total_loss = 0.0
-        for x, y in loader:
-            loss = crit(model(x), y)
-            loss.backward()
-            # running total for the log
-            total_loss += loss  # summed over the epoch
-        print(f"loss {total_loss / len(loader):.4f}")
-        """,
-        """
-        total_loss = 0.0
-        for x, y in loader:
-            loss = crit(model(x), y)
-            loss.backward()
-            # running total for the log
-            total_loss += loss.item()  # summed over the epoch
-        print(f"loss {total_loss / len(loader):.4f}")
-        """,
-        UNSAFE,
-    ),
-    Case(
-        "TL302",
-        "item-for-every-reference-of-the-loss",
-        """
-        def epoch(model, loader, writer):
-            running = 0
-            for x, y in loader:
-                loss = crit(model(x), y)
-                loss.backward()
-                running += loss * x.size(0) + (  # weighted
-                    loss
-                )
-            writer.add_scalar("loss", running / len(loader))
-        """,
-        """
-        def epoch(model, loader, writer):
-            running = 0
-            for x, y in loader:
-                loss = crit(model(x), y)
-                loss.backward()
-                running += loss.item() * x.size(0) + (  # weighted
-                    loss.item()
-                )
-            writer.add_scalar("loss", running / len(loader))
-        """,
-        UNSAFE,
-    ),
-    Case(
-        "TL302",
-        "detach-when-the-list-is-stacked",
-        """
-        import torch
-
-        losses = []
-        for x, y in loader:
-            loss = crit(model(x), y)
-            loss.backward()
-            losses.append(loss)  # keep for the epoch mean
-        epoch_loss = torch.stack(losses).mean().item()
-        """,
-        """
-        import torch
-
-        losses = []
-        for x, y in loader:
-            loss = crit(model(x), y)
-            loss.backward()
-            losses.append(loss.detach())  # keep for the epoch mean
-        epoch_loss = torch.stack(losses).mean().item()
-        """,
-        SAFE,
-    ),
-    Case(
-        "TL302",
-        "detach-when-a-method-follows-the-loss",
-        """
-        hist = []
-        for x, y in loader:
-            loss = crit(model(x), y)
-            scaler.scale(loss).backward()
-            # keep a copy on the host
-            hist.append(loss.float().cpu())
-        """,
-        """
-        hist = []
-        for x, y in loader:
-            loss = crit(model(x), y)
-            scaler.scale(loss).backward()
-            # keep a copy on the host
-            hist.append(loss.detach().float().cpu())
-        """,
-        SAFE,
-    ),
-    Case(
-        "TL302",
-        "detach-when-the-total-is-reduced-as-a-tensor",
-        """
-        import torch
-        import torch.distributed as dist
-
-        def train(model, loader):
-            total = torch.zeros((), device="cuda")
-            for x, y in loader:
-                loss = crit(model(x), y)
-                loss.backward()
-                total += loss  # on the device
-            dist.all_reduce(total)
-            print(total.item())
-        """,
-        """
-        import torch
-        import torch.distributed as dist
-
-        def train(model, loader):
-            total = torch.zeros((), device="cuda")
-            for x, y in loader:
-                loss = crit(model(x), y)
-                loss.backward()
-                total += loss.detach()  # on the device
-            dist.all_reduce(total)
-            print(total.item())
-        """,
-        SAFE,
-    ),
-    Case(
-        "TL302",
-        "detach-unsafe-when-the-total-is-returned",
-        """
-        def train(model, loader, accelerator):
-            tr_loss = 0.0
-            for batch in loader:
-                outputs = model(**batch)
-                accelerator.backward(outputs.loss)
-                tr_loss = tr_loss + outputs.loss  # running sum
-            return tr_loss / len(loader)
-        """,
-        """
-        def train(model, loader, accelerator):
-            tr_loss = 0.0
-            for batch in loader:
-                outputs = model(**batch)
-                accelerator.backward(outputs.loss)
-                tr_loss = tr_loss + outputs.loss.detach()  # running sum
-            return tr_loss / len(loader)
-        """,
-        UNSAFE,
-    ),
-    Case(
-        "TL302",
-        "detach-unsafe-on-an-attribute",
-        """
-        class Trainer:
-            def fit(self, loader):
-                for batch in loader:
-                    loss = self.model(batch).loss
-                    loss.backward()
-                    # kept on the trainer
-                    self.total_loss += loss
-        """,
-        """
-        class Trainer:
-            def fit(self, loader):
-                for batch in loader:
-                    loss = self.model(batch).loss
-                    loss.backward()
-                    # kept on the trainer
-                    self.total_loss += loss.detach()
-        """,
-        UNSAFE,
-    ),
-    # -- TL303: zero_grad into the step branch -------------------------------------------------------
-    Case(
-        "TL303",
-        "top-of-the-loop",
-        """
-        for i, (x, y) in enumerate(loader):
-            # start of the micro-step
-            optimizer.zero_grad()  # clear
-            loss = crit(model(x), y) / accum
-            loss.backward()
-            if (i + 1) % accum == 0:
-                optimizer.step()  # update
-                lr_scheduler.step()
-        """,
-        """
-        for i, (x, y) in enumerate(loader):
-            # start of the micro-step
-            loss = crit(model(x), y) / accum
-            loss.backward()
-            if (i + 1) % accum == 0:
-                optimizer.step()  # update
-                optimizer.zero_grad()  # clear
-                lr_scheduler.step()
-        """,
-        UNSAFE,
-    ),
-    Case(
-        "TL303",
-        "after-the-branch-with-a-scaler",
-        """
-        import torch
-
-        class Trainer:
-            def __init__(self):
-                self.scaler = torch.amp.GradScaler()
-
-            def train(self):
-                for step, batch in enumerate(self.loader):
-                    self.scaler.scale(self.model(batch)).backward()
-                    if (step + 1) % self.accum == 0:
-                        self.scaler.step(self.optimizer)
-                        self.scaler.update()
-                    self.optimizer.zero_grad(set_to_none=True)  # free the memory
-                    self.log(step)
-        """,
-        """
-        import torch
-
-        class Trainer:
-            def __init__(self):
-                self.scaler = torch.amp.GradScaler()
-
-            def train(self):
-                for step, batch in enumerate(self.loader):
-                    self.scaler.scale(self.model(batch)).backward()
-                    if (step + 1) % self.accum == 0:
-                        self.scaler.step(self.optimizer)
-                        self.optimizer.zero_grad(set_to_none=True)  # free the memory
-                        self.scaler.update()
-                    self.log(step)
-        """,
-        UNSAFE,
-    ),
-    Case(
-        "TL303",
-        "model-zero-grad-in-a-with-block-step-on-the-last-line",
-        """
-        import torch
-
-        opt = torch.optim.AdamW(model.parameters())
-        for i, b in enumerate(loader):
-            with torch.autocast("cuda"):
-                model.zero_grad()
-                # forward
-                loss = model(b).loss
-            loss.backward()
-            if (i + 1) % accum == 0:
-                opt.step()""",
-        """
-        import torch
-
-        opt = torch.optim.AdamW(model.parameters())
-        for i, b in enumerate(loader):
-            with torch.autocast("cuda"):
-                # forward
-                loss = model(b).loss
-            loss.backward()
-            if (i + 1) % accum == 0:
-                opt.step()
-                model.zero_grad()""",
-        UNSAFE,
-    ),
-]
 
 FIXABLE = sorted(rule.id for rule in registry() if rule.has_fix)
 COMMENT = re.compile(r"#.*$", re.MULTILINE)
@@ -561,7 +56,7 @@ def lint(rule: str, path: str = "train.py"):
 
 
 def case_id(case: Case) -> str:
-    return f"{case.rule}-{case.name}"
+    return f"{case.rule}-invalid-{case.index}"
 
 
 def test_every_fixable_rule_has_cases_and_every_case_a_fixable_rule() -> None:
@@ -603,7 +98,8 @@ def test_comments_around_the_edit_are_kept(case: Case) -> None:
     before = Counter(COMMENT.findall(case.source))
     assert before, "every case carries comments around its edit"
     after = Counter(COMMENT.findall(fix_text(case.source, lint(case.rule), unsafe=True).text))
-    assert before - after == Counter(case.dropped)
+    # exactly the comments that the hand-written result leaves out (a deleted line takes its own along)
+    assert before - after == before - Counter(COMMENT.findall(case.expected))
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
@@ -839,7 +335,8 @@ def test_a_file_with_lone_carriage_returns_deletes_exactly_one_line() -> None:
 def test_bom_crlf_and_tabs_survive_a_moving_fix_through_the_cli(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    (case,) = [c for c in CASES if c.name == "top-of-the-loop"]
+    # TL303's first hand-written fix moves zero_grad() to the top of the loop
+    case = next(c for c in CASES if c.rule == "TL303")
     monkeypatch.chdir(tmp_path)
     path = tmp_path / "train.py"
     path.write_bytes(b"\xef\xbb\xbf" + case.source.replace("    ", "\t").replace("\n", "\r\n").encode())

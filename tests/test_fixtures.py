@@ -18,12 +18,12 @@ EXPECT = re.compile(r"#\s*expect:\s*(?P<ids>TL\d{3}(?:\s*,\s*TL\d{3})*)")
 
 def expected_findings() -> list[tuple[str, int, str]]:
     out = []
-    for path in sorted(FIXTURES.glob("*.py")):
+    for path in sorted(FIXTURES.rglob("*.py")):
         for number, line in enumerate(path.read_text().splitlines(), start=1):
             match = EXPECT.search(line)
             if match:
                 for rule in re.split(r"\s*,\s*", match.group("ids")):
-                    out.append((f"fixtures/{path.name}", number, rule))
+                    out.append((f"fixtures/{path.relative_to(FIXTURES).as_posix()}", number, rule))
     return sorted(out)
 
 
@@ -45,7 +45,7 @@ def test_fixtures_report_each_planted_mistake_once_and_nothing_else(in_root, cap
 def test_fixtures_include_clean_and_planted_files() -> None:
     expected = expected_findings()
     planted = {path for path, _, _ in expected}
-    names = {f"fixtures/{p.name}" for p in FIXTURES.glob("*.py")}
+    names = {f"fixtures/{p.relative_to(FIXTURES).as_posix()}" for p in FIXTURES.rglob("*.py")}
     assert planted and names - planted, "fixtures need both files with mistakes and clean files"
     assert {p for p in names if Path(p).name.startswith("bad_")} == planted
     # the five mission rules each have a planted mistake

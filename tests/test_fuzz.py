@@ -25,6 +25,7 @@ from trainlint.cli import run
 from trainlint.engine import LintOptions, lint_text
 from trainlint.files import decode
 from trainlint.fix import fix_text
+from trainlint.results import ProblemKind
 from trainlint.rule import registry
 
 LONG_RUN = "TRAINLINT_FUZZ_EXAMPLES" in os.environ
@@ -106,7 +107,7 @@ fixable_programs = st.builds(
 
 
 def _no_internal_errors(result) -> None:
-    assert not [e for e in result.errors if "internal error" in e["message"]], result.errors
+    assert not [e for e in result.errors if e.kind is ProblemKind.INTERNAL], result.errors
 
 
 def _parses(text: str) -> bool:

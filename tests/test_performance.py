@@ -25,7 +25,10 @@ import trainlint.engine as engine
 from trainlint.cache import ResultCache
 from trainlint.engine import FileResult, LintOptions, lint_text
 from trainlint.files import read_source
-from trainlint.model import _BUILDER_SKIPS, FileModel, _Builder, child_fields, walk, walk_scope
+from trainlint.model import FileModel, walk, walk_scope
+from trainlint.model.filemodel import _BUILDER_SKIPS, _Builder
+from trainlint.model.syntax import child_fields
+from trainlint.results import Problem, ProblemKind
 from trainlint.rule import registry
 
 REPO = Path(__file__).resolve().parents[1]
@@ -364,7 +367,9 @@ def test_failures_and_unreadable_files_are_not_cached(tmp_path: Path) -> None:
     path = tmp_path / "a.py"
     path.write_text(BAD)
     job = (str(path), "a.py", LintOptions(ALL_IDS))
-    failed = FileResult("a.py", errors=[{"path": "a.py", "message": "internal error in TL201: boom"}])
+    failed = FileResult(
+        "a.py", errors=[Problem(ProblemKind.INTERNAL, "a.py", "internal error in TL201: boom")]
+    )
     cache.store(job, BAD, failed)
     assert cache.get(job) is None
     binary = tmp_path / "b.py"
@@ -706,6 +711,7 @@ def test_benchmark_rejects_unknown_tools(tmp_path: Path) -> None:
     assert "unknown tool(s) ruff" in done.stderr
 
 
+@pytest.mark.slow
 def test_linting_leaves_no_syntax_tree_to_the_cyclic_collector() -> None:
     """The CLI lints with the cyclic collector off and never runs it per file: a cycle between the
     file model and a cached view of it (``training``, token evidence) would keep a whole syntax tree

@@ -30,7 +30,7 @@ def test_valid_examples_are_not_reported(rule: type[Rule], code: str) -> None:
 @pytest.mark.parametrize(("rule", "example"), list(_cases("invalid")))
 def test_invalid_examples_are_reported(rule: type[Rule], example) -> None:
     findings = _run(rule, example.code)
-    assert len(findings) == example.count, [f.message for f in findings]
+    assert len(findings) == 1, [f.message for f in findings]
     assert {f.rule for f in findings} == {rule.id}
     if example.line is not None:
         assert findings[0].line == example.line
@@ -87,9 +87,13 @@ def _parts_covered(rule_id: str, names: list[str], *, each_part: bool = False) -
 
 
 def test_prefilter_groups_cover_the_rules_name_lists() -> None:
-    from trainlint.events import GRAD_SCALERS, OPTIMIZER_PREFIXES
-    from trainlint.evidence import PADDING_DATA, PADDING_WORDS
-    from trainlint.rules.distributed import DATA_PARALLEL
+    from trainlint.model.vocab import (
+        DATA_PARALLEL,
+        GRAD_SCALERS,
+        OPTIMIZER_PREFIXES,
+        PADDING_DATA,
+        PADDING_WORDS,
+    )
 
     _parts_covered("TL502", [q.rsplit(".", 1)[-1] for q in sorted(DATA_PARALLEL)])
     for rule_id in ("TL105", "TL404"):

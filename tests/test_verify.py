@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import textwrap
-from pathlib import Path
 
 import pytest
+from conftest import Snippets
 
 from trainlint.engine import lint_source
-from trainlint.rule import Applicability, registry
+from trainlint.rule import Applicability
 from trainlint.verify import torch_available, verify_findings
 from trainlint.verify.context import TextEdit, apply_text_edits
 from trainlint.verify.runner import run_probes
@@ -23,31 +23,14 @@ from trainlint.verify.window import argparse_defaults
 
 pytestmark = pytest.mark.skipif(not torch_available(), reason="--verify needs torch")
 
-ROOT = Path(__file__).resolve().parent.parent
-PROBES = {
-    "TL101": "tl101",
-    "TL105": "tl105",
-    "TL201": "tl201",
-    "TL202": "tl202",
-    "TL203": "tl203",
-    "TL301": "tl301",
-}
-
-
-def test_rules_declare_these_probes() -> None:
-    for rule_id, probe in PROBES.items():
-        rule = registry().get(rule_id)
-        assert rule is not None and rule.probe == probe, rule_id
+VERIFY_RULES = ("TL101", "TL105", "TL201", "TL202", "TL203", "TL301")
 
 
 # --------------------------------------------------------------------------------------------------
 # snippets: name -> (rule id, code)
 
-SNIPPETS: dict[str, tuple[str, str]] = {}
-
-
-def snippet(name: str, rule: str, code: str) -> None:
-    SNIPPETS[name] = (rule, textwrap.dedent(code))
+SNIPPETS = Snippets()
+snippet = SNIPPETS.add
 
 
 # TL201 ---------------------------------------------------------------------------------------------
@@ -631,42 +614,9 @@ snippet(
     """,
 )
 
-FIXTURES = ("fixtures/bad_gpt_amp.py", "fixtures/bad_finetune_half.py")
-
-
-@pytest.fixture(scope="module")
-def verified():
-    """name -> the snippet's findings of its rule, verified (all snippets and fixtures in one run)."""
-    sources: dict[str, str] = {}
-    findings = []
-    for name, (rule, code) in SNIPPETS.items():
-        path = f"{name}.py"
-        sources[path] = code
-        findings.extend(lint_source(code, path, [rule]))
-    for fixture in FIXTURES:
-        text = (ROOT / fixture).read_text(encoding="utf-8")
-        sources[fixture] = text
-        findings.extend(lint_source(text, fixture, list(PROBES)))
-    out = verify_findings(findings, sources, device="cpu", timeout=60)
-    by_name: dict[str, list] = {}
-    for finding in out:
-        by_name.setdefault(
-            finding.path.removesuffix(".py") if finding.path.startswith("tl") else finding.path, []
-        ).append(finding)
-    return by_name
-
-
-def line_of(name: str, text: str) -> int:
-    """The 1-based line of the snippet that contains ``text``."""
-    lines = SNIPPETS[name][1].splitlines()
-    return next(i for i, line in enumerate(lines, 1) if text in line)
-
-
-def one(verified, name):
-    found = verified.get(name, [])
-    assert len(found) == 1, f"{name}: expected one finding, got {[f.rule for f in found]}"
-    assert found[0].verify is not None
-    return found[0]
+VERIFY_FIXTURES = ("fixtures/bad_gpt_amp.py", "fixtures/bad_finetune_half.py")
+VERIFY_TIMEOUT = 60
+line_of = SNIPPETS.line_of
 
 
 def test_every_snippet_is_reported_by_its_rule(verified):
@@ -675,7 +625,7 @@ def test_every_snippet_is_reported_by_its_rule(verified):
 
 
 def test_verify_object_shape(verified):
-    finding = one(verified, "tl201_raw_features")
+    finding = verified.one("tl201_raw_features")
     data = json.loads(json.dumps(finding.to_json()))["verify"]
     assert set(data) == {"status", "device", "torch", "detail", "evidence"}
     assert data["device"] == "cpu"
@@ -689,7 +639,7 @@ def test_verify_object_shape(verified):
 
 
 def test_tl201_input_without_grad_is_confirmed_with_the_none_gradients(verified):
-    finding = one(verified, "tl201_raw_features")
+    finding = verified.one("tl201_raw_features")
     v = finding.verify
     assert v["status"] == "confirmed"
     # both checkpointed Linear layers lose their gradients; the head after them keeps its own
@@ -706,7 +656,7 @@ def test_tl201_input_without_grad_is_confirmed_with_the_none_gradients(verified)
 
 
 def test_tl201_frozen_embedding_lora_is_confirmed(verified):
-    v = one(verified, "tl201_frozen_embedding_lora").verify
+    v = verified.one("tl201_frozen_embedding_lora").verify
     assert v["status"] == "confirmed"
     # the frozen base weights have no gradient anyway: only the adapters are missing theirs
     assert sorted(v["evidence"]["none_gradients"]) == [
@@ -719,18 +669,18 @@ def test_tl201_frozen_embedding_lora_is_confirmed(verified):
 
 
 def test_tl201_pure_function_is_not_reproduced(verified):
-    finding = one(verified, "tl201_pure_function")
+    finding = verified.one("tl201_pure_function")
     assert finding.verify["status"] == "not-reproduced"
     assert finding.verify["evidence"]["as_written_vs_reference"]["max_rel"] == 0.0
     assert finding.verify["evidence"]["gradients_compared"] == 4  # fc1 and fc2, weight and bias
 
 
 def test_tl201_input_from_trainable_embedding_is_not_reproduced(verified):
-    assert one(verified, "tl201_trainable_embedding").verify["status"] == "not-reproduced"
+    assert verified.one("tl201_trainable_embedding").verify["status"] == "not-reproduced"
 
 
 def test_tl201_keyword_argument_raises_under_reentrant(verified):
-    finding = one(verified, "tl201_keyword_argument")
+    finding = verified.one("tl201_keyword_argument")
     v = finding.verify
     assert v["status"] == "confirmed"
     assert "Unexpected keyword arguments: scale" in v["detail"]
@@ -739,7 +689,7 @@ def test_tl201_keyword_argument_raises_under_reentrant(verified):
 
 
 def test_tl201_checkpointed_method_uses_the_users_layers(verified):
-    v = one(verified, "tl201_method_of_self").verify
+    v = verified.one("tl201_method_of_self").verify
     assert v["status"] == "confirmed"
     assert set(v["evidence"]["none_gradients"]) == {
         "qkv.weight",
@@ -752,14 +702,14 @@ def test_tl201_checkpointed_method_uses_the_users_layers(verified):
 
 
 def test_tl201_unbindable_name_is_not_executable_naming_it(verified):
-    finding = one(verified, "tl201_unbindable")
+    finding = verified.one("tl201_unbindable")
     assert finding.verify["status"] == "not-executable"
     assert "config.embedding_multiplier" in finding.verify["detail"]
     assert finding.fix.applicability is Applicability.UNSAFE
 
 
 def test_tl202_checkpoint_sequential_on_inputs_is_confirmed(verified):
-    v = one(verified, "tl202_sequential_on_inputs").verify
+    v = verified.one("tl202_sequential_on_inputs").verify
     assert v["status"] == "confirmed"
     # the first segment is checkpointed on an input that does not require grad
     assert sorted(v["evidence"]["none_gradients"]) == ["stages.0.proj.bias", "stages.0.proj.weight"]
@@ -767,14 +717,14 @@ def test_tl202_checkpoint_sequential_on_inputs_is_confirmed(verified):
 
 
 def test_tl202_input_that_requires_grad_is_not_reproduced(verified):
-    assert one(verified, "tl202_after_trainable_layer").verify["status"] == "not-reproduced"
+    assert verified.one("tl202_after_trainable_layer").verify["status"] == "not-reproduced"
 
 
 # TL203 -----------------------------------------------------------------------------------------------
 
 
 def test_tl203_counter_runs_twice(verified):
-    v = one(verified, "tl203_counter").verify
+    v = verified.one("tl203_counter").verify
     assert v["status"] == "confirmed"
     line = line_of("tl203_counter", "self.calls += 1")
     assert v["evidence"]["executions"] == {f"the statement on line {line}": {"checkpointed": 2, "plain": 1}}
@@ -782,19 +732,19 @@ def test_tl203_counter_runs_twice(verified):
 
 
 def test_tl203_batchnorm_running_statistics_update_again(verified):
-    v = one(verified, "tl203_batchnorm").verify
+    v = verified.one("tl203_batchnorm").verify
     assert v["status"] == "confirmed"
     assert any("running_mean" in name for name in v["evidence"]["state_differs"])
 
 
 def test_tl203_global_counter(verified):
-    v = one(verified, "tl203_global_step").verify
+    v = verified.one("tl203_global_step").verify
     assert v["status"] == "confirmed"
     assert v["evidence"]["globals"] == {"STEP": {"checkpointed": 2.0, "plain": 1.0}}
 
 
 def test_tl203_outer_list_grows_again(verified):
-    v = one(verified, "tl203_aux_losses").verify
+    v = verified.one("tl203_aux_losses").verify
     assert v["status"] == "confirmed"
     counts = v["evidence"]["executions"][f"the statement on line {line_of('tl203_aux_losses', 'aux.append')}"]
     assert counts["plain"] == 2  # two stand-in layers
@@ -803,14 +753,14 @@ def test_tl203_outer_list_grows_again(verified):
 
 def test_tl203_side_effect_after_the_last_saved_tensor_is_not_repeated(verified):
     # non-reentrant checkpoint stops recomputing once every saved tensor is back
-    v = one(verified, "tl203_after_last_op").verify
+    v = verified.one("tl203_after_last_op").verify
     assert v["status"] == "not-reproduced"
     line = line_of("tl203_after_last_op", "TRACE.append")
     assert v["evidence"]["executions"][f"the statement on line {line}"] == {"checkpointed": 1, "plain": 1}
 
 
 def test_tl203_unbindable_attribute_is_named(verified):
-    v = one(verified, "tl203_unbindable").verify
+    v = verified.one("tl203_unbindable").verify
     assert v["status"] == "not-executable"
     assert "self.calls" in v["detail"]
 
@@ -819,7 +769,7 @@ def test_tl203_unbindable_attribute_is_named(verified):
 
 
 def test_tl101_clip_of_scaled_gradients_is_confirmed_and_fix_matches(verified):
-    finding = one(verified, "tl101_sgd")
+    finding = verified.one("tl101_sgd")
     v = finding.verify
     assert v["status"] == "confirmed"
     seen = v["evidence"]["clip_saw_norm"]
@@ -833,21 +783,21 @@ def test_tl101_clip_of_scaled_gradients_is_confirmed_and_fix_matches(verified):
 
 
 def test_tl101_disabled_scaler_is_not_reproduced(verified):
-    v = one(verified, "tl101_scaler_disabled").verify
+    v = verified.one("tl101_scaler_disabled").verify
     assert v["status"] == "not-reproduced"
     seen = v["evidence"]["clip_saw_norm"]
     assert seen["as_written"] == seen["reference"]
 
 
 def test_tl101_adamw_with_argparse_threshold(verified):
-    v = one(verified, "tl101_accumulation_argparse").verify
+    v = verified.one("tl101_accumulation_argparse").verify
     assert v["status"] == "confirmed"
     assert "`args.max_norm` = 1.0 (argparse default)" in v["detail"]
     assert v["evidence"]["fixed_vs_reference"]["max_rel"] < 1e-5
 
 
 def test_tl101_unbindable_threshold_is_named(verified):
-    v = one(verified, "tl101_unbindable").verify
+    v = verified.one("tl101_unbindable").verify
     assert v["status"] == "not-executable"
     assert "clip_threshold" in v["detail"]
 
@@ -856,13 +806,13 @@ def test_tl101_unbindable_threshold_is_named(verified):
 
 
 def test_tl105_fp16_adamw_is_confirmed(verified):
-    v = one(verified, "tl105_fp16_adamw").verify
+    v = verified.one("tl105_fp16_adamw").verify
     assert v["status"] == "confirmed"
     assert v["evidence"]["parameter_dtype"] == "float16"
 
 
 def test_tl105_small_bf16_updates_round_away(verified):
-    v = one(verified, "tl105_bf16_small_updates").verify
+    v = verified.one("tl105_bf16_small_updates").verify
     assert v["status"] == "confirmed"
     never = v["evidence"]["entries_never_updated"]
     assert never["as_written"] > never["of"] // 2
@@ -870,19 +820,19 @@ def test_tl105_small_bf16_updates_round_away(verified):
 
 
 def test_tl105_gradscaler_refuses_fp16_gradients(verified):
-    v = one(verified, "tl105_with_scaler").verify
+    v = verified.one("tl105_with_scaler").verify
     assert v["status"] == "confirmed"
     assert "Attempting to unscale FP16 gradients" in v["detail"]
 
 
 def test_tl105_large_updates_survive_bf16(verified):
-    v = one(verified, "tl105_large_steps").verify
+    v = verified.one("tl105_large_steps").verify
     assert v["status"] == "not-reproduced"
     assert v["evidence"]["movement_rel_error"] < 0.1
 
 
 def test_tl105_unbindable_learning_rate_is_named(verified):
-    v = one(verified, "tl105_unbindable").verify
+    v = verified.one("tl105_unbindable").verify
     assert v["status"] == "not-executable"
     assert "hp.learning_rate" in v["detail"]
 
@@ -891,7 +841,7 @@ def test_tl105_unbindable_learning_rate_is_named(verified):
 
 
 def test_tl301_uneven_token_counts_are_confirmed_and_fix_matches(verified):
-    v = one(verified, "tl301_cross_entropy").verify
+    v = verified.one("tl301_cross_entropy").verify
     assert v["status"] == "confirmed"
     tokens = v["evidence"]["valid_tokens_per_microbatch"]
     assert len(tokens) == 4 and len(set(tokens)) > 1
@@ -900,20 +850,20 @@ def test_tl301_uneven_token_counts_are_confirmed_and_fix_matches(verified):
 
 
 def test_tl301_hugging_face_loss(verified):
-    v = one(verified, "tl301_hf_output_loss").verify
+    v = verified.one("tl301_hf_output_loss").verify
     assert v["status"] == "confirmed"
     assert v["evidence"]["microbatches"] == 8  # the function's default accumulation count
     assert v["evidence"]["fixed_vs_reference"]["max_rel"] < 1e-4
 
 
 def test_tl301_equal_token_counts_are_not_reproduced(verified):
-    v = one(verified, "tl301_packed_equal_tokens").verify
+    v = verified.one("tl301_packed_equal_tokens").verify
     assert v["status"] == "not-reproduced"
     assert len(set(v["evidence"]["valid_tokens_per_microbatch"])) == 1
 
 
 def test_tl301_unbindable_name(verified):
-    v = one(verified, "tl301_unbindable").verify
+    v = verified.one("tl301_unbindable").verify
     assert v["status"] == "not-executable"
     assert "temperature_schedule" in v["detail"]
 
@@ -1049,8 +999,7 @@ def test_cuda_path():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     names = ["tl201_raw_features", "tl101_sgd", "tl301_cross_entropy", "tl105_fp16_adamw"]
-    sources = {f"{n}.py": SNIPPETS[n][1] for n in names}
-    findings = [f for n in names for f in lint_source(SNIPPETS[n][1], f"{n}.py", [SNIPPETS[n][0]])]
+    findings, sources = SNIPPETS.findings(names)
     out = verify_findings(findings, sources, device="cuda", timeout=60)
     for finding in out:
         assert finding.verify["device"] == "cuda", finding.verify

@@ -11,41 +11,22 @@ from __future__ import annotations
 
 import re
 import textwrap
-from pathlib import Path
 
 import pytest
+from conftest import ROOT, Snippets
 
 from trainlint.engine import lint_source
-from trainlint.rule import Applicability, registry
+from trainlint.rule import Applicability
 from trainlint.verify import torch_available, verify_findings
 from trainlint.verify.context import TextEdit, apply_text_edits, minimal_edit
 
 pytestmark = pytest.mark.skipif(not torch_available(), reason="--verify needs torch")
 
-ROOT = Path(__file__).resolve().parent.parent
-PROBES = {
-    "TL102": "tl102",
-    "TL103": "tl103",
-    "TL104": "tl104",
-    "TL204": "tl204",
-    "TL302": "tl302",
-    "TL303": "tl303",
-    "TL501": "tl501",
-    "TL502": "tl502",
-}
+VERIFY_RULES = ("TL102", "TL103", "TL104", "TL204", "TL302", "TL303", "TL501", "TL502")
 
 
-def test_rules_declare_these_probes() -> None:
-    for rule_id, probe in PROBES.items():
-        rule = registry().get(rule_id)
-        assert rule is not None and rule.probe == probe, rule_id
-
-
-SNIPPETS: dict[str, tuple[str, str]] = {}
-
-
-def snippet(name: str, rule: str, code: str) -> None:
-    SNIPPETS[name] = (rule, textwrap.dedent(code))
+SNIPPETS = Snippets()
+snippet = SNIPPETS.add
 
 
 # TL102 ---------------------------------------------------------------------------------------------
@@ -790,40 +771,14 @@ def planted() -> list[tuple[str, str, int]]:
     for path in sorted((ROOT / "fixtures").glob("*.py")):
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             match = re.search(r"#\s*expect:\s*(TL\d+)", line)
-            if match and match.group(1) in PROBES:
+            if match and match.group(1) in VERIFY_RULES:
                 out.append((f"fixtures/{path.name}", match.group(1), number))
     return out
 
 
 PLANTED = planted()
-
-
-@pytest.fixture(scope="module")
-def verified():
-    """name (or fixture path) -> its findings of the catalog's rules, verified in one run."""
-    sources: dict[str, str] = {}
-    findings = []
-    for name, (rule, code) in SNIPPETS.items():
-        path = f"{name}.py"
-        sources[path] = code
-        findings.extend(lint_source(code, path, [rule]))
-    for fixture in sorted({path for path, _, _ in PLANTED}):
-        text = (ROOT / fixture).read_text(encoding="utf-8")
-        sources[fixture] = text
-        findings.extend(lint_source(text, fixture, list(PROBES)))
-    out = verify_findings(findings, sources, device="cpu", timeout=90)
-    by_name: dict[str, list] = {}
-    for finding in out:
-        key = finding.path.removesuffix(".py") if finding.path.startswith("tl") else finding.path
-        by_name.setdefault(key, []).append(finding)
-    return by_name
-
-
-def one(verified, name):
-    found = verified.get(name, [])
-    assert len(found) == 1, f"{name}: expected one finding, got {[f.rule for f in found]}"
-    assert found[0].verify is not None
-    return found[0]
+VERIFY_FIXTURES = sorted({path for path, _, _ in PLANTED})
+VERIFY_TIMEOUT = 90
 
 
 def gloo_or_skip(verify: dict) -> dict:
@@ -836,21 +791,17 @@ def gloo_or_skip(verify: dict) -> dict:
     return verify
 
 
-def status(verified, name) -> str:
-    return one(verified, name).verify["status"]
-
-
 def test_every_snippet_is_reported_by_its_rule(verified):
     for name, (rule, _) in SNIPPETS.items():
         assert [f.rule for f in verified.get(name, [])] == [rule], name
 
 
 def test_each_rule_has_a_true_bug_and_an_unbindable_snippet(verified):
-    for rule in PROBES:
+    for rule in VERIFY_RULES:
         names = [n for n, (r, _) in SNIPPETS.items() if r == rule]
         if rule.startswith("TL50"):
-            gloo_or_skip(one(verified, names[0]).verify)
-        statuses = {status(verified, n) for n in names}
+            gloo_or_skip(verified.one(names[0]).verify)
+        statuses = {verified.status(n) for n in names}
         assert {"confirmed", "not-executable"} <= statuses, rule
 
 
@@ -858,7 +809,7 @@ def test_each_rule_has_a_true_bug_and_an_unbindable_snippet(verified):
 
 
 def test_tl102_update_after_a_direct_step_raises_at_the_first_step(verified):
-    finding = one(verified, "tl102_accumulation_with_update")
+    finding = verified.one("tl102_accumulation_with_update")
     v = finding.verify
     assert v["status"] == "confirmed"
     assert "No inf checks were recorded prior to update" in v["evidence"]["exception"]
@@ -869,14 +820,14 @@ def test_tl102_update_after_a_direct_step_raises_at_the_first_step(verified):
 
 
 def test_tl102_trainer_method_with_self_roles(verified):
-    v = one(verified, "tl102_trainer_method").verify
+    v = verified.one("tl102_trainer_method").verify
     assert v["status"] == "confirmed"
     assert v["evidence"]["failing_iteration"] == 1
     assert "AdamW(lr=3e-4, weight_decay=0.01)" in v["detail"]
 
 
 def test_tl102_sgd_applies_gradients_multiplied_by_the_loss_scale(verified):
-    v = one(verified, "tl102_sgd_scaled_gradients").verify
+    v = verified.one("tl102_sgd_scaled_gradients").verify
     ev = v["evidence"]
     assert v["status"] == "confirmed"
     assert ev["applied_gradient_norm_ratio"] == pytest.approx(ev["loss_scale"], rel=1e-3)
@@ -888,7 +839,7 @@ def test_tl102_sgd_applies_gradients_multiplied_by_the_loss_scale(verified):
 
 
 def test_tl102_unscaled_step_still_applies_an_overflowing_step(verified):
-    v = one(verified, "tl102_unscaled_but_not_skipped").verify
+    v = verified.one("tl102_unscaled_but_not_skipped").verify
     ev = v["evidence"]
     assert v["status"] == "confirmed"
     # unscale_ ran first: the normal steps are right, only the overflow step differs
@@ -898,7 +849,7 @@ def test_tl102_unscaled_step_still_applies_an_overflowing_step(verified):
 
 
 def test_tl102_loss_computed_in_either_branch(verified):
-    v = one(verified, "tl102_loss_in_both_branches").verify
+    v = verified.one("tl102_loss_in_both_branches").verify
     assert v["status"] == "confirmed"
     assert v["evidence"]["applied_gradient_norm_ratio"] == pytest.approx(
         v["evidence"]["loss_scale"], rel=1e-3
@@ -906,13 +857,13 @@ def test_tl102_loss_computed_in_either_branch(verified):
 
 
 def test_tl102_disabled_scaler_is_not_reproduced(verified):
-    v = one(verified, "tl102_scaler_disabled").verify
+    v = verified.one("tl102_scaler_disabled").verify
     assert v["status"] == "not-reproduced"
     assert v["evidence"]["optimizer_steps"]["as_written"] == v["evidence"]["optimizer_steps"]["reference"]
 
 
 def test_tl102_unbindable_name(verified):
-    v = one(verified, "tl102_unbindable").verify
+    v = verified.one("tl102_unbindable").verify
     assert v["status"] == "not-executable"
     assert "max_grad_value" in v["detail"]
 
@@ -921,20 +872,20 @@ def test_tl102_unbindable_name(verified):
 
 
 def test_tl103_counter_window_raises_on_the_first_micro_step(verified):
-    v = one(verified, "tl103_counter_reset").verify
+    v = verified.one("tl103_counter_reset").verify
     assert v["status"] == "confirmed"
     assert v["evidence"]["failing_iteration"] == 1
     assert "No inf checks were recorded prior to update" in v["detail"]
 
 
 def test_tl103_model_output_loss(verified):
-    v = one(verified, "tl103_hf_loss").verify
+    v = verified.one("tl103_hf_loss").verify
     assert v["status"] == "confirmed"
     assert v["evidence"]["failing_iteration"] == 1
 
 
 def test_tl103_scaler_disabled_by_the_argparse_default_is_not_reproduced(verified):
-    v = one(verified, "tl103_amp_off_by_default").verify
+    v = verified.one("tl103_amp_off_by_default").verify
     assert v["status"] == "not-reproduced"
     assert "`args.amp` = False (argparse default)" in v["detail"]
     # two windows of the file's accumulation count
@@ -943,7 +894,7 @@ def test_tl103_scaler_disabled_by_the_argparse_default_is_not_reproduced(verifie
 
 
 def test_tl103_unbindable_import(verified):
-    v = one(verified, "tl103_unbindable").verify
+    v = verified.one("tl103_unbindable").verify
     assert v["status"] == "not-executable"
     assert "clip_gradients" in v["detail"]
 
@@ -952,7 +903,7 @@ def test_tl103_unbindable_import(verified):
 
 
 def test_tl104_unscale_inside_a_helper_then_again(verified):
-    finding = one(verified, "tl104_helper_unscales")
+    finding = verified.one("tl104_helper_unscales")
     v = finding.verify
     assert v["status"] == "confirmed"
     assert "unscale_() has already been called" in v["evidence"]["exception"]
@@ -961,18 +912,18 @@ def test_tl104_unscale_inside_a_helper_then_again(verified):
 
 
 def test_tl104_unscale_every_micro_step_fails_on_the_second(verified):
-    v = one(verified, "tl104_every_micro_step").verify
+    v = verified.one("tl104_every_micro_step").verify
     assert v["status"] == "confirmed"
     assert v["evidence"]["failing_iteration"] == 2
 
 
 def test_tl104_disabled_scaler_is_not_reproduced(verified):
-    v = one(verified, "tl104_scaler_disabled").verify
+    v = verified.one("tl104_scaler_disabled").verify
     assert v["status"] == "not-reproduced"
 
 
 def test_tl104_unbindable_name(verified):
-    v = one(verified, "tl104_unbindable").verify
+    v = verified.one("tl104_unbindable").verify
     assert v["status"] == "not-executable"
     assert "log_grad_norms" in v["detail"] or "step_counter" in v["detail"]
 
@@ -981,7 +932,7 @@ def test_tl104_unbindable_name(verified):
 
 
 def test_tl204_dropout_recomputed_with_a_new_mask(verified):
-    v = one(verified, "tl204_dropout_module").verify
+    v = verified.one("tl204_dropout_module").verify
     assert v["status"] == "confirmed"
     # the forward is the same; only the recomputation in backward draws a new mask
     assert v["evidence"]["outputs_vs_reference"]["max_rel"] == 0.0
@@ -990,19 +941,19 @@ def test_tl204_dropout_recomputed_with_a_new_mask(verified):
 
 
 def test_tl204_functional_dropout_on_a_weight_argument(verified):
-    v = one(verified, "tl204_functional_dropout").verify
+    v = verified.one("tl204_functional_dropout").verify
     assert v["status"] == "confirmed"
     assert "grad of input w" in v["detail"]
 
 
 def test_tl204_zero_dropout_is_not_reproduced(verified):
-    v = one(verified, "tl204_dropout_zero").verify
+    v = verified.one("tl204_dropout_zero").verify
     assert v["status"] == "not-reproduced"
     assert v["evidence"]["gradients_compared"] == 4
 
 
 def test_tl204_unbindable_name(verified):
-    v = one(verified, "tl204_unbindable").verify
+    v = verified.one("tl204_unbindable").verify
     assert v["status"] == "not-executable"
     assert "`project`" in v["detail"]
 
@@ -1011,7 +962,7 @@ def test_tl204_unbindable_name(verified):
 
 
 def test_tl302_running_total_keeps_graphs_alive(verified):
-    v = one(verified, "tl302_running_total").verify
+    v = verified.one("tl302_running_total").verify
     assert v["status"] == "confirmed"
     growth = v["evidence"]["growth_per_iteration"]
     assert growth["reference"] == 0
@@ -1021,18 +972,18 @@ def test_tl302_running_total_keeps_graphs_alive(verified):
 
 
 def test_tl302_list_of_losses(verified):
-    v = one(verified, "tl302_history_list").verify
+    v = verified.one("tl302_history_list").verify
     assert v["status"] == "confirmed"
     assert v["evidence"]["growth_per_iteration"]["reference"] == 0
 
 
 def test_tl302_output_loss_through_accelerator_backward(verified):
-    v = one(verified, "tl302_accelerate_output_loss").verify
+    v = verified.one("tl302_accelerate_output_loss").verify
     assert v["status"] == "confirmed"
 
 
 def test_tl302_unbindable_name(verified):
-    v = one(verified, "tl302_unbindable").verify
+    v = verified.one("tl302_unbindable").verify
     assert v["status"] == "not-executable"
     assert "class_weights" in v["detail"]
 
@@ -1041,7 +992,7 @@ def test_tl302_unbindable_name(verified):
 
 
 def test_tl303_zero_grad_first_keeps_only_the_last_microbatch(verified):
-    v = one(verified, "tl303_zero_grad_first").verify
+    v = verified.one("tl303_zero_grad_first").verify
     ev = v["evidence"]
     assert v["status"] == "confirmed"
     assert ev["optimizer_steps"] == {"as_written": 2, "reference": 2}
@@ -1050,26 +1001,26 @@ def test_tl303_zero_grad_first_keeps_only_the_last_microbatch(verified):
 
 
 def test_tl303_model_zero_grad(verified):
-    v = one(verified, "tl303_model_zero_grad").verify
+    v = verified.one("tl303_model_zero_grad").verify
     assert v["status"] == "confirmed"
     assert v["evidence"]["iterations"] == 16
 
 
 def test_tl303_gradients_cleared_right_before_the_step(verified):
-    v = one(verified, "tl303_cleared_before_step").verify
+    v = verified.one("tl303_cleared_before_step").verify
     assert v["status"] == "confirmed"
     assert "no gradient was left for the step" in v["detail"]
     assert "`lr_scheduler.step()` does nothing" in v["detail"]
 
 
 def test_tl303_accumulation_count_one_is_not_reproduced(verified):
-    v = one(verified, "tl303_accumulation_off_by_default").verify
+    v = verified.one("tl303_accumulation_off_by_default").verify
     assert v["status"] == "not-reproduced"
     assert "`args.grad_accum` = 1 (argparse default)" in v["detail"]
 
 
 def test_tl303_unbindable_name(verified):
-    v = one(verified, "tl303_unbindable").verify
+    v = verified.one("tl303_unbindable").verify
     assert v["status"] == "not-executable"
     assert "loss_weight" in v["detail"]
 
@@ -1078,7 +1029,7 @@ def test_tl303_unbindable_name(verified):
 
 
 def test_tl501_all_reduce_on_every_microbatch(verified):
-    v = gloo_or_skip(one(verified, "tl501_modulo_window").verify)
+    v = gloo_or_skip(verified.one("tl501_modulo_window").verify)
     ev = v["evidence"]
     assert v["status"] == "confirmed"
     assert ev["world_size"] == 2 and ev["backend"] == "gloo"
@@ -1088,13 +1039,13 @@ def test_tl501_all_reduce_on_every_microbatch(verified):
 
 
 def test_tl501_micro_step_loop(verified):
-    v = gloo_or_skip(one(verified, "tl501_micro_step_loop").verify)
+    v = gloo_or_skip(verified.one("tl501_micro_step_loop").verify)
     assert v["status"] == "confirmed"
     assert v["evidence"]["allreduces_per_step"] == {"as_written": [3, 3], "with_no_sync": [1, 1]}
 
 
 def test_tl501_accumulation_count_one_is_not_reproduced(verified):
-    v = gloo_or_skip(one(verified, "tl501_accumulation_off_by_default").verify)
+    v = gloo_or_skip(verified.one("tl501_accumulation_off_by_default").verify)
     assert v["status"] == "not-reproduced"
     assert (
         v["evidence"]["allreduces_per_step"]["as_written"]
@@ -1103,7 +1054,7 @@ def test_tl501_accumulation_count_one_is_not_reproduced(verified):
 
 
 def test_tl501_unbindable_name(verified):
-    v = gloo_or_skip(one(verified, "tl501_unbindable").verify)
+    v = gloo_or_skip(verified.one("tl501_unbindable").verify)
     assert v["status"] == "not-executable"
     assert "curriculum_weight" in v["detail"]
 
@@ -1112,7 +1063,7 @@ def test_tl501_unbindable_name(verified):
 
 
 def test_tl502_local_token_count_is_confirmed_and_the_global_count_matches(verified):
-    v = gloo_or_skip(one(verified, "tl502_label_count").verify)
+    v = gloo_or_skip(verified.one("tl502_label_count").verify)
     ev = v["evidence"]
     assert v["status"] == "confirmed"
     tokens = ev["valid_tokens_per_rank"]
@@ -1122,19 +1073,19 @@ def test_tl502_local_token_count_is_confirmed_and_the_global_count_matches(verif
 
 
 def test_tl502_attention_mask_count(verified):
-    v = gloo_or_skip(one(verified, "tl502_attention_mask").verify)
+    v = gloo_or_skip(verified.one("tl502_attention_mask").verify)
     assert v["status"] == "confirmed"
 
 
 def test_tl502_equal_counts_on_every_rank_are_not_reproduced(verified):
-    v = gloo_or_skip(one(verified, "tl502_packed_equal_counts").verify)
+    v = gloo_or_skip(verified.one("tl502_packed_equal_counts").verify)
     assert v["status"] == "not-reproduced"
     tokens = v["evidence"]["valid_tokens_per_rank"]
     assert tokens[0] == tokens[1]
 
 
 def test_tl502_unbindable_name(verified):
-    v = gloo_or_skip(one(verified, "tl502_unbindable").verify)
+    v = gloo_or_skip(verified.one("tl502_unbindable").verify)
     assert v["status"] == "not-executable"
     assert "loss_scale_factor" in v["detail"]
 
@@ -1143,7 +1094,7 @@ def test_tl502_unbindable_name(verified):
 
 
 def test_planted_fixture_mistakes_with_a_probe_are_found():
-    assert {rule for _, rule, _ in PLANTED} == set(PROBES)
+    assert {rule for _, rule, _ in PLANTED} == set(VERIFY_RULES)
 
 
 @pytest.mark.parametrize(("path", "rule", "line"), PLANTED)
@@ -1188,8 +1139,7 @@ def test_cuda_path():
         "tl204_dropout_module",
         "tl303_zero_grad_first",
     ]
-    sources = {f"{n}.py": SNIPPETS[n][1] for n in names}
-    findings = [f for n in names for f in lint_source(SNIPPETS[n][1], f"{n}.py", [SNIPPETS[n][0]])]
+    findings, sources = SNIPPETS.findings(names)
     out = verify_findings(findings, sources, device="cuda", timeout=90)
     for finding in out:
         assert finding.verify["device"] == "cuda", finding.verify
@@ -1231,6 +1181,7 @@ DIST_RUNAWAY = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_data_parallel_snippet_that_never_returns_is_killed():
     findings = lint_source(DIST_RUNAWAY, "runaway_ddp.py", ["TL502"])
     assert len(findings) == 2

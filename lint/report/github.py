@@ -31,6 +31,6 @@ def render_github(report: RunReport) -> str:
         )
         lines.append(f"::{LEVELS[f.severity]} {props}::{escape_data(f'{f.rule} {f.message}')}")
     for e in report.errors:
-        where = f" file={escape_property(e['path'])}" if e.get("path") else ""
-        lines.append(f"::error{where}::{escape_data('trainlint: ' + e['message'])}")
+        where = f" file={escape_property(e.path)}" if e.path else ""
+        lines.append(f"::error{where}::{escape_data('trainlint: ' + e.message)}")
     return "\n".join(lines)

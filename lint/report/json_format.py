@@ -16,7 +16,7 @@ def render_json(report: RunReport) -> str:
         "version": __version__,
         "schema": SCHEMA,
         "findings": [f.to_json() for f in report.findings],
-        "errors": report.errors,
+        "errors": [e.to_json() for e in report.errors],
         "summary": {
             "files": report.files,
             "findings": len(report.findings),

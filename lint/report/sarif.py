@@ -62,7 +62,7 @@ def render_sarif(report: RunReport) -> str:
                 for i, r in enumerate(f.related)
             ]
         results.append(result)
-    notifications = [{"level": "error", "message": {"text": e["message"]}} for e in report.errors]
+    notifications = [{"level": "error", "message": {"text": e.message}} for e in report.errors]
     log = {
         "$schema": SARIF_SCHEMA,
         "version": "2.1.0",

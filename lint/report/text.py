@@ -7,6 +7,7 @@ from collections import Counter
 from rich.console import Console
 from rich.markup import escape
 
+from trainlint.model.text import split_lines
 from trainlint.report import RunReport
 from trainlint.rule import Applicability, Finding, Severity
 
@@ -18,7 +19,7 @@ CONTEXT_LINES = 2
 def _frame(finding: Finding, source: str | None) -> list[str]:
     if source is None:
         return []
-    lines = source.splitlines()
+    lines = [line.rstrip("\r\n") for line in split_lines(source, keepends=True)]
     if not 1 <= finding.line <= len(lines):
         return []
     first = max(1, finding.line - CONTEXT_LINES)

@@ -1,6 +1,6 @@
 """The runtime check (``--verify``): run the flagged snippet in a child process and compare gradients.
 
-Only this package may import torch, and only inside the child process (``runtime.py``): the parent
+Only this package may import torch, and only inside the child process (the package ``child``): the parent
 builds probe programs from the file model and reads back one JSON result per finding.
 """
 

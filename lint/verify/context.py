@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from trainlint.model import FileModel
+from trainlint.model import FileModel, Site, split_lines
 from trainlint.rule import Finding
 from trainlint.verify.source import NotExecutable, Tree, node_span
 
@@ -25,7 +25,7 @@ class TextEdit:
 
 def apply_text_edits(text: str, edits: list[TextEdit]) -> str:
     starts = [0]
-    for line in text.splitlines(keepends=True):
+    for line in split_lines(text, keepends=True):
         starts.append(starts[-1] + len(line))
 
     def offset(line: int, column: int) -> int:
@@ -77,6 +77,18 @@ class ProbeContext:
                 raise NotExecutable(f"the edited snippet does not parse: {exc.message}") from exc
         return self._variants[new_text]
 
+    def related(self, label: str) -> Site:
+        """The call at the finding's related location that the rule labelled ``label`` (a class constant
+        of the rule, e.g. ``UnscaleTwice.FIRST``)."""
+        for rel in self.finding.related:
+            if rel.label != label:
+                continue
+            for site in self.model.calls:
+                pos = self.model.position(site.node)
+                if pos.start.line == rel.line and pos.start.column + 1 == rel.column:
+                    return site
+        raise NotExecutable(f"the finding has no call labelled `{label}` among its related locations")
+
     def fix_edits(self) -> list[TextEdit]:
         """The finding's fix, each edit narrowed to the text it really changes (a fix that rewrites a
         whole block to delete one line becomes that deletion), so that it fits in a step window."""
@@ -92,7 +104,7 @@ class ProbeContext:
 def minimal_edit(text: str, edit: TextEdit) -> TextEdit:
     """The same change as ``edit`` with the unchanged text at both ends left out."""
     starts = [0]
-    for line in text.splitlines(keepends=True):
+    for line in split_lines(text, keepends=True):
         starts.append(starts[-1] + len(line))
     begin = starts[edit.line - 1] + edit.column - 1
     end = starts[edit.end_line - 1] + edit.end_column - 1

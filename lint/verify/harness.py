@@ -10,8 +10,8 @@ import libcst as cst
 
 from trainlint.model import FileModel
 from trainlint.rule import Applicability, Finding, registry
-from trainlint.verify import probes as probe_module
 from trainlint.verify.context import ProbeContext
+from trainlint.verify.probes import PROBES, Probe
 from trainlint.verify.runner import run_probes
 from trainlint.verify.source import NotExecutable, Tree
 
@@ -20,12 +20,16 @@ from trainlint.verify.source import NotExecutable, Tree
 BATCH = 48
 
 
-def probe_for(rule_id: str):
+def probe_for(rule_id: str) -> Probe | None:
+    """The probe of a rule that declares one. A declared probe missing from ``PROBES`` raises (the
+    finding gets an ``error`` verdict) rather than silently going unverified."""
     rule = registry().get(rule_id)
-    name = getattr(rule, "probe", None) if rule is not None else None
-    if not name:
+    if rule is None or not rule.has_probe():
         return None
-    return getattr(probe_module, name, None)
+    probe = PROBES.get(rule.id)
+    if probe is None:
+        raise LookupError(f"{rule.id} declares a probe but trainlint.verify.probes.PROBES has none")
+    return probe
 
 
 def _verify_dict(
@@ -37,7 +41,8 @@ def _verify_dict(
 def build_probe(finding: Finding, model: FileModel, tree: Tree) -> dict[str, Any]:
     """The probe dict for one finding; raises NotExecutable."""
     func = probe_for(finding.rule)
-    assert func is not None
+    if func is None:
+        raise LookupError(f"{finding.rule} has no probe")
     return func(ProbeContext(finding, model, tree))
 
 
@@ -52,7 +57,8 @@ def verify_all(
     by_file: dict[str, list[int]] = {}
     all_jobs: list[dict[str, Any]] = []
     for i, finding in enumerate(findings):
-        if probe_for(finding.rule) is not None:
+        rule = registry().get(finding.rule)
+        if rule is not None and rule.has_probe():
             by_file.setdefault(finding.path, []).append(i)
     for path, indexes in by_file.items():
         text = sources.get(path)

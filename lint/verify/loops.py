@@ -26,23 +26,33 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from trainlint.events import GRAD_SCALERS, first_arg, is_optimizer_class
-from trainlint.evidence import in_loop, innermost_loop, is_step_count_name
 from trainlint.model import (
+    FileModel,
     Frame,
     Scope,
     Site,
     attr_name,
     dotted,
     exclusive,
-    keyword,
+    in_loop,
+    innermost_loop,
     positional,
     receiver,
     walk,
 )
 from trainlint.verify.context import ProbeContext, TextEdit, replace_node
+from trainlint.verify.loop_roles import (
+    accumulation_roles,
+    index_bindings,
+    parameters_owner,
+    training_roles,
+)
 from trainlint.verify.source import NotExecutable, analyse_names, indent, is_literal
-from trainlint.verify.window import Binder, Region, optimizer_construction, parameters_receivers, window_code
+from trainlint.verify.window import (
+    Binder,
+    Region,
+    window_code,
+)
 
 LOGGING_HEADS = frozenset(
     {
@@ -96,7 +106,6 @@ LOSS_METHODS = frozenset(
 )
 STEP_KINDS = ("scaled_backward", "backward", "unscale", "update", "scaler_step", "step", "zero_grad", "clip")
 MAX_ITERATIONS = 16
-MAX_COUNT = 8  # accumulation counts above this run with this many microbatches per window
 
 
 def loss_expression(model, call: cst.Call) -> tuple[cst.BaseExpression, str | None]:
@@ -266,6 +275,31 @@ class LoopWindow:
         return body
 
 
+@dataclass
+class _Cut:
+    """The statement list a loop window is cut from, and the edits made to it so far."""
+
+    model: FileModel
+    scope: Scope
+    body: list[cst.CSTNode]
+    index: dict[int, int]  # id of every node -> the index of the body statement that holds it
+    common: list[TextEdit] = field(default_factory=list)
+    excluded: set[int] = field(default_factory=set)  # ids of nodes whose text the edits replace
+    per_iteration: list[str] = field(default_factory=list)
+
+    def at(self, node: cst.CSTNode) -> int:
+        if id(node) not in self.index:
+            raise NotExecutable(f"line {self.model.position(node).start.line} is outside the loop body")
+        return self.index[id(node)]
+
+    def replace(self, node: cst.CSTNode, text: str) -> None:
+        self.common.append(replace_node(self.model, node, text))
+        self.excluded.update(id(n) for n in walk(node))
+
+    def statements(self, kept: list[int]) -> list[cst.CSTNode]:
+        return [self.body[i] for i in kept]
+
+
 def build_loop(
     ctx: ProbeContext,
     anchor: Site,
@@ -277,7 +311,46 @@ def build_loop(
 ) -> LoopWindow:
     """The loop window around ``anchor`` (the flagged call) whose loss is the one ``backward``
     differentiates; ``relevant`` are other sites the window must contain."""
-    model = ctx.model
+    loop, cut = _loop_body(ctx.model, anchor, backward)
+    backward_receiver, producer_index = _replace_loss(cut, backward, model_expr)
+    events, lo, hi, kept = _which_statements(cut, anchor, backward, relevant, producer_index)
+    kept = _with_earlier_statements(cut, kept, lo)
+    _drop_dead_assignments(cut, kept, {id(s.node) for s in (anchor, backward, *relevant)}, events)
+    window = LoopWindow(
+        ctx=ctx,
+        scope=cut.scope,
+        loop=loop,
+        regions=_regions(ctx.model, cut.body, kept),
+        common=cut.common,
+        model_expr=model_expr,
+        iterations=iterations or 3,
+        accumulation=None,
+        per_iteration=cut.per_iteration,
+    )
+    as_written = window.code([])
+    names = analyse_names(as_written)
+    window.contexts = _context_only_names(as_written)
+    # -- the loop's own variables -------------------------------------------------------------------
+    cut.per_iteration[:0] = index_bindings(ctx.model, loop, names.free, window)
+    # -- roles --------------------------------------------------------------------------------------
+    if backward_receiver:
+        window.roles[backward_receiver] = "__tl__.Backward()"
+    window_events = [e for e in events if lo <= cut.at(e.site.node) <= hi or cut.at(e.site.node) in kept]
+    training_roles(cut, window, window_events, events, kept)
+    count = accumulation_roles(ctx, cut.scope, cut.statements(kept), window.roles, window.notes)
+    window.accumulation = count
+    inner = innermost_loop(backward)
+    if iterations is None:
+        if inner is not None and (loop is None or inner.node is not loop.node):
+            window.iterations = 2  # the micro-steps run in an inner loop: each iteration is one window
+        else:
+            window.iterations = max(2, min(MAX_ITERATIONS, 2 * count)) if count else 3
+    _carried_state(window, as_written, names.free)
+    return window
+
+
+def _loop_body(model: FileModel, anchor: Site, backward: Site) -> tuple[Frame | None, _Cut]:
+    """The innermost loop around ``anchor`` (None: the function itself) and its statements."""
     scope = anchor.scope
     if backward.scope is not scope:
         raise NotExecutable("the backward call is in another function than the flagged call")
@@ -299,97 +372,107 @@ def build_loop(
     for i, stmt in enumerate(body):
         for node in walk(stmt):
             index[id(node)] = i
+    return loop, _Cut(model, scope, body, index)
 
-    def at(node: cst.CSTNode) -> int:
-        if id(node) not in index:
-            raise NotExecutable(f"line {model.position(node).start.line} is outside the loop body")
-        return index[id(node)]
 
-    training = model.training
-    # -- the loss ---------------------------------------------------------------------------------
+def _replace_loss(cut: _Cut, backward: Site, model_expr: str) -> tuple[str | None, int | None]:
+    """Replace the loss ``backward`` differentiates by the probe's own (``__tl__.micro_loss``), where
+    the file computes it. Returns the receiver of the backward (``accelerator`` in
+    ``accelerator.backward(loss)``) and the index of the first statement that computes the loss."""
+    model, scope = cut.model, cut.scope
     call = backward.node
     assert isinstance(call, cst.Call)
     loss_expr, backward_receiver = loss_expression(model, call)
     kind, root = _loss_root(model, scope, loss_expr)
     synthetic = f"__tl__.micro_loss({model_expr})"
     output = f"__tl__.Output(loss={synthetic}, logits=None)"
-    common: list[TextEdit] = []
-    excluded: set[int] = set()  # ids of nodes whose text the edits replace
-    per_iteration: list[str] = []
-    producer_index = None
     if kind in ("call", "output"):
-        common.append(replace_node(model, root, synthetic if kind == "call" else output))
-        excluded.update(id(n) for n in walk(root))
-    else:
-        name = root.value if kind == "name" else root.value.value  # type: ignore[union-attr]
-        value_text = synthetic if kind == "name" else output
-        producers = []
-        for site in model.assigns:
-            node = site.node
-            if site.scope is not scope or site.order >= backward.order or id(node) not in index:
-                continue
-            if exclusive(site.frames, backward.frames):
-                continue
-            targets = (
-                [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]  # type: ignore[attr-defined]
-            )
-            if not any(name in _target_names(t) for t in targets):
-                continue
-            value = node.value  # type: ignore[attr-defined]
-            if value is None or name in _names_read(value):
-                continue  # ``loss = loss / accum`` keeps the loss: it stays as written
-            producers.append((node, targets, value))
-        if not producers:
-            per_iteration.append(f"{name} = {value_text}")
-        for node, targets, value in producers:  # each branch that computes the loss (``if use_amp:``)
-            target = targets[0]
-            replaced = value
-            if isinstance(target, cst.Tuple | cst.List):
-                parts = []
-                for element in target.elements:
-                    if isinstance(element, cst.StarredElement):
-                        raise NotExecutable("the loss is unpacked with a starred target")
-                    parts.append(value_text if name in _target_names(element.value) else "None")
-                text = "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
-            else:
-                text = value_text
-                # only the call that computes the loss: ``criterion(out, y) / accum`` keeps ``/ accum``
-                try:
-                    inner_kind, inner = _loss_root(model, scope, value)
-                except NotExecutable:
-                    inner_kind, inner = "", value
-                if inner_kind == "call" and kind == "name":
-                    replaced, text = inner, synthetic
-                elif inner_kind == "output":
-                    replaced, text = inner, output
-            common.append(replace_node(model, replaced, text))
-            excluded.update(id(n) for n in walk(replaced))
-            index_here = at(node)
-            producer_index = index_here if producer_index is None else min(producer_index, index_here)
-    # -- which statements ---------------------------------------------------------------------------
+        cut.replace(root, synthetic if kind == "call" else output)
+        return backward_receiver, None
+    name = root.value if kind == "name" else root.value.value  # type: ignore[union-attr]
+    value_text = synthetic if kind == "name" else output
+    producers = _loss_producers(cut, backward, name)
+    if not producers:
+        cut.per_iteration.append(f"{name} = {value_text}")
+    producer_index = None
+    for node, targets, value in producers:  # each branch that computes the loss (``if use_amp:``)
+        target = targets[0]
+        replaced = value
+        if isinstance(target, cst.Tuple | cst.List):
+            parts = []
+            for element in target.elements:
+                if isinstance(element, cst.StarredElement):
+                    raise NotExecutable("the loss is unpacked with a starred target")
+                parts.append(value_text if name in _target_names(element.value) else "None")
+            text = "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+        else:
+            text = value_text
+            # only the call that computes the loss: ``criterion(out, y) / accum`` keeps ``/ accum``
+            try:
+                inner_kind, inner = _loss_root(model, scope, value)
+            except NotExecutable:
+                inner_kind, inner = "", value
+            if inner_kind == "call" and kind == "name":
+                replaced, text = inner, synthetic
+            elif inner_kind == "output":
+                replaced, text = inner, output
+        cut.replace(replaced, text)
+        index_here = cut.at(node)
+        producer_index = index_here if producer_index is None else min(producer_index, index_here)
+    return backward_receiver, producer_index
+
+
+def _loss_producers(cut: _Cut, backward: Site, name: str) -> list[tuple[cst.CSTNode, list, cst.CSTNode]]:
+    """(assignment, its targets, its value) for each assignment of the body that computes ``name``
+    before the backward, on a path that reaches it."""
+    producers = []
+    for site in cut.model.assigns:
+        node = site.node
+        if site.scope is not cut.scope or site.order >= backward.order or id(node) not in cut.index:
+            continue
+        if exclusive(site.frames, backward.frames):
+            continue
+        targets = (
+            [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]  # type: ignore[attr-defined]
+        )
+        if not any(name in _target_names(t) for t in targets):
+            continue
+        value = node.value  # type: ignore[attr-defined]
+        if value is None or name in _names_read(value):
+            continue  # ``loss = loss / accum`` keeps the loss: it stays as written
+        producers.append((node, targets, value))
+    return producers
+
+
+def _which_statements(
+    cut: _Cut, anchor: Site, backward: Site, relevant: list[Site], producer_index: int | None
+) -> tuple[list, int, int, list[int]]:
+    """The training events of the body, the first and last statement the window needs (the flagged
+    call, the backward, the loss, the optimizer's steps) and the statements between them."""
+    model, scope = cut.model, cut.scope
+    training = model.training
     events = [
         e
         for e in training.events_in(scope, *STEP_KINDS)
-        if id(e.site.node) in index and not exclusive(e.site.frames, anchor.frames)
+        if id(e.site.node) in cut.index and not exclusive(e.site.frames, anchor.frames)
     ]
-    wanted = [at(anchor.node), at(backward.node), *(at(s.node) for s in relevant)]
+    wanted = [cut.at(anchor.node), cut.at(backward.node), *(cut.at(s.node) for s in relevant)]
     if producer_index is not None:
         wanted.append(producer_index)
     for e in events:
         if e.kind in ("step", "zero_grad") and not training.is_optimizer_like(receiver(e.call), scope):
             if not (e.kind == "zero_grad" and parameters_owner(model, scope, e, events)):
                 continue
-        wanted.append(at(e.site.node))
+        wanted.append(cut.at(e.site.node))
     lo, hi = min(wanted), max(wanted)
-    kept = list(range(lo, hi + 1))
-    for stmt in body[lo : hi + 1]:
+    for stmt in cut.body[lo : hi + 1]:
         for node in _without_nested(stmt):
             if isinstance(node, cst.Return | cst.Yield):
                 raise NotExecutable(
                     f"the loop body returns or yields at line {model.position(node).start.line}"
                 )
     # logging calls become None
-    for stmt in body[lo : hi + 1]:
+    for stmt in cut.body[lo : hi + 1]:
         for node in _without_nested(stmt):
             if (
                 isinstance(node, cst.Expr)
@@ -397,40 +480,45 @@ def build_loop(
                 and _is_logging_call(node.value)
             ):
                 if not any(_contains(node, s.node) for s in (anchor, backward, *relevant)):
-                    common.append(replace_node(model, node.value, "None"))
-                    excluded.update(id(n) for n in walk(node.value))
+                    cut.replace(node.value, "None")
+    return events, lo, hi, list(range(lo, hi + 1))
 
-    def reads(stmts: list[cst.CSTNode], dropped: set[int]) -> set[str]:
-        out: set[str] = set()
-        for stmt in stmts:
-            targets: set[int] = set()
-            for node in walk(stmt):
-                if isinstance(node, cst.Assign):
-                    for t in node.targets:
-                        if isinstance(t.target, cst.Name | cst.Tuple | cst.List):
-                            targets.update(id(n) for n in walk(t.target))
-                elif isinstance(node, cst.AnnAssign) and isinstance(node.target, cst.Name):
-                    targets.add(id(node.target))
-                elif isinstance(node, cst.For):
-                    targets.update(id(n) for n in walk(node.target))
-            skip = set(excluded) | targets
-            for node in walk(stmt):
-                if id(node) in dropped:
-                    skip.update(id(n) for n in walk(node))
-            for node in walk(stmt):
-                if isinstance(node, cst.Attribute):
-                    skip.add(id(node.attr))
-                elif isinstance(node, cst.Arg) and node.keyword is not None:
-                    skip.add(id(node.keyword))
-            for node in walk(stmt):
-                if isinstance(node, cst.Name) and id(node) not in skip:
-                    out.add(node.value)
-        return out
 
-    # earlier statements that compute names the window reads (flags, counters)
-    needed = reads([body[i] for i in kept], set())
+def _reads(stmts: list[cst.CSTNode], excluded: set[int], dropped: set[int]) -> set[str]:
+    """The names ``stmts`` read, leaving out what they assign, replaced text and dropped statements."""
+    out: set[str] = set()
+    for stmt in stmts:
+        targets: set[int] = set()
+        for node in walk(stmt):
+            if isinstance(node, cst.Assign):
+                for t in node.targets:
+                    if isinstance(t.target, cst.Name | cst.Tuple | cst.List):
+                        targets.update(id(n) for n in walk(t.target))
+            elif isinstance(node, cst.AnnAssign) and isinstance(node.target, cst.Name):
+                targets.add(id(node.target))
+            elif isinstance(node, cst.For):
+                targets.update(id(n) for n in walk(node.target))
+        skip = set(excluded) | targets
+        for node in walk(stmt):
+            if id(node) in dropped:
+                skip.update(id(n) for n in walk(node))
+        for node in walk(stmt):
+            if isinstance(node, cst.Attribute):
+                skip.add(id(node.attr))
+            elif isinstance(node, cst.Arg) and node.keyword is not None:
+                skip.add(id(node.keyword))
+        for node in walk(stmt):
+            if isinstance(node, cst.Name) and id(node) not in skip:
+                out.add(node.value)
+    return out
+
+
+def _with_earlier_statements(cut: _Cut, kept: list[int], lo: int) -> list[int]:
+    """``kept`` with the earlier statements that compute names the window reads (flags, counters)."""
+    kept = list(kept)
+    needed = _reads(cut.statements(kept), cut.excluded, set())
     for i in range(lo - 1, -1, -1):
-        stmt = body[i]
+        stmt = cut.body[i]
         if not isinstance(stmt, cst.SimpleStatementLine):
             continue
         assigned = set()
@@ -442,13 +530,16 @@ def build_loop(
                 assigned.add(small.target.value)
         if assigned & needed:
             kept.insert(0, i)
-            needed |= reads([stmt], set())
+            needed |= _reads([stmt], cut.excluded, set())
     kept.sort()
-    # dead assignments: nothing in the window reads what they assign
-    protected = {id(s.node) for s in (anchor, backward, *relevant)} | {id(e.site.node) for e in events}
+    return kept
+
+
+def _assignment_lines(cut: _Cut, kept: list[int], protected: set[int]) -> list[tuple[cst.CSTNode, set[str]]]:
+    """(line, names) for each kept line that only assigns plain names and holds no protected node."""
     candidates = []
     for i in kept:
-        for node in _without_nested(body[i]):
+        for node in _without_nested(cut.body[i]):
             if not isinstance(node, cst.SimpleStatementLine):
                 continue
             if any(id(n) in protected for n in walk(node)):
@@ -468,6 +559,13 @@ def build_loop(
                     ok = False
             if ok and names:
                 candidates.append((node, set(names)))
+    return candidates
+
+
+def _drop_dead_assignments(cut: _Cut, kept: list[int], protected: set[int], events: list) -> None:
+    """Replace by ``pass`` the kept assignments nothing in the window reads (until none is left)."""
+    protected = protected | {id(e.site.node) for e in events}
+    candidates = _assignment_lines(cut, kept, protected)
     dropped: set[int] = set()
     changed = True
     while changed:
@@ -475,136 +573,33 @@ def build_loop(
         for node, names in candidates:
             if id(node) in dropped:
                 continue
-            live = reads([body[i] for i in kept], dropped | {id(node)})
+            live = _reads(cut.statements(kept), cut.excluded, dropped | {id(node)})
             if not (names & live):
                 dropped.add(id(node))
                 changed = True
     for node, _ in candidates:
         if id(node) in dropped:
-            inner = [e for e in common if _edit_inside(model, e, node)]
+            inner = [e for e in cut.common if _edit_inside(cut.model, e, node)]
             for e in inner:
-                common.remove(e)
-            common.append(replace_node(model, node, "pass"))
-    regions = _regions(model, body, kept)
-    window = LoopWindow(
-        ctx=ctx,
-        scope=scope,
-        loop=loop,
-        regions=regions,
-        common=common,
-        model_expr=model_expr,
-        iterations=iterations or 3,
-        accumulation=None,
-        per_iteration=per_iteration,
-    )
-    as_written = window.code([])
-    names = analyse_names(as_written)
-    window.contexts = _context_only_names(as_written)
-    # -- the loop's own variables -------------------------------------------------------------------
-    per_iteration[:0] = _index_bindings(model, loop, names.free, window)
-    # -- roles --------------------------------------------------------------------------------------
-    roles = window.roles
-    if backward_receiver:
-        roles[backward_receiver] = "__tl__.Backward()"
-    window_events = [e for e in events if lo <= at(e.site.node) <= hi or at(e.site.node) in kept]
-    for e in window_events:
-        if e.kind in ("scaled_backward", "unscale", "update", "scaler_step") and e.key:
-            roles.setdefault(e.key, f"__tl__.scaler(enabled={scaler_enabled(model, scope, e.key)})")
-    optimizers: list[tuple[str, cst.BaseExpression]] = []
-    for e in window_events:
-        expr = None
-        if e.kind in ("scaler_step", "unscale"):
-            expr = first_arg(e.call, "optimizer")
-        elif e.kind in ("step", "zero_grad") and training.is_optimizer_like(receiver(e.call), scope):
-            expr = receiver(e.call)
-        key = dotted(expr) if expr is not None else None
-        if key and key not in roles and key not in (k for k, _ in optimizers):
-            optimizers.append((key, expr))  # type: ignore[arg-type]
-    constructions: list[cst.CSTNode] = []
-    for key, expr in optimizers:
-        built = [c for c, callee in model.call_values(expr, scope) if is_optimizer_class(callee)]
-        if built:
-            code, described = optimizer_construction(model, built[-1], scope, f"{model_expr}.parameters()")
-            window.notes.append(f"`{key}` built as {described}")
-            constructions.append(built[-1])
-        else:
-            code = f"__tl_torch__.optim.SGD({model_expr}.parameters(), lr=0.1)"
-            window.notes.append(f"`{key}` built as SGD(lr=0.1): its construction is not in this function")
-        roles[key] = f"__tl__.watch({code}, {key!r})"
-    for expr in [*(body[i] for i in kept), *constructions]:
-        for key in parameters_receivers(expr):
-            roles.setdefault(key, model_expr)
-    for key in _model_arguments(model, scope, [body[i] for i in kept]):
-        roles.setdefault(key, model_expr)
-    for e in window_events:
-        if (
-            e.kind == "zero_grad"
-            and e.key
-            and e.key not in roles
-            and parameters_owner(model, scope, e, events)
-        ):
-            roles[e.key] = model_expr
-        if e.kind == "step" and e.key and e.key not in roles and _is_scheduler(model, scope, e):
-            roles[e.key] = f"__tl__.NoOp({e.key!r})"
-            window.notes.append(f"`{e.key}.step()` does nothing (the learning rate stays fixed)")
-    count = _accumulation_roles(ctx, scope, [body[i] for i in kept], roles, window.notes)
-    window.accumulation = count
-    inner = innermost_loop(backward)
-    if iterations is None:
-        if inner is not None and (loop is None or inner.node is not loop.node):
-            window.iterations = 2  # the micro-steps run in an inner loop: each iteration is one window
-        else:
-            window.iterations = max(2, min(MAX_ITERATIONS, 2 * count)) if count else 3
-    # -- state carried from one iteration to the next ------------------------------------------------
+                cut.common.remove(e)
+            cut.common.append(replace_node(cut.model, node, "pass"))
+
+
+def _carried_state(window: LoopWindow, as_written: str, free: list[str]) -> None:
+    """State carried from one iteration to the next: names the window assigns, set to their value
+    before the loop."""
+    model = window.ctx.model
     assigned_in_window, augmented = _assigned_in(as_written)
-    for name in dict.fromkeys([*names.free, *augmented]):
-        if name in roles or name in window.reserved or name not in assigned_in_window:
+    for name in dict.fromkeys([*free, *augmented]):
+        if name in window.roles or name in window.reserved or name not in assigned_in_window:
             continue
-        value = _initial_value(model, scope, loop, name)
+        value = _initial_value(model, window.scope, window.loop, name)
         if value is not None:
             window.state.append(f"{name} = {value}")
             window.reserved.add(name)
-        elif name not in names.free:  # only ever updated in place: its start value is unknown
+        elif name not in free:  # only ever updated in place: its start value is unknown
             window.state.append(f"{name} = __tl__.Unbound({name!r})")
             window.reserved.add(name)
-    return window
-
-
-def _model_arguments(model, scope: Scope, stmts: list[cst.CSTNode]) -> list[str]:
-    """Arguments passed to the file's own functions where the function takes their parameters
-    (``clip_grads(model, opt)`` whose body calls ``model.parameters()``)."""
-    from trainlint.verify.bind import function_params
-
-    out: list[str] = []
-    for stmt in stmts:
-        for node in walk(stmt):
-            if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Name):
-                continue
-            definition = model.definition(node.func.value, scope)
-            if not isinstance(definition, cst.FunctionDef):
-                continue
-            inside = set(parameters_receivers(definition.body))
-            params = [name for name, _, _ in function_params(definition)]
-            for position, arg in enumerate(node.args):
-                if arg.star:
-                    break
-                param = (
-                    arg.keyword.value
-                    if arg.keyword is not None
-                    else (params[position] if position < len(params) else None)
-                )
-                key = dotted(arg.value)
-                if param in inside and key and key not in out:
-                    out.append(key)
-    return out
-
-
-def _is_scheduler(model, scope: Scope, event) -> bool:
-    """A learning-rate scheduler's ``step()``: by construction, or by a ``*sched*`` name."""
-    recv = receiver(event.call)
-    if any("lr_scheduler" in (callee or "") for _, callee in model.call_values(recv, scope)):
-        return True
-    return "sched" in (event.key or "").rsplit(".", 1)[-1].lower()
 
 
 def _context_only_names(code: str) -> set[str]:
@@ -678,133 +673,3 @@ def _initial_value(model, scope: Scope, loop: Frame | None, name: str) -> str | 
         if any(isinstance(t.target, cst.Name) and t.target.value == name for t in node.targets):
             value = node.value if is_literal(node.value) else None
     return model.code(value) if value is not None else None
-
-
-def parameters_owner(model, scope: Scope, event, events) -> bool:
-    """``model.zero_grad()`` where ``model`` is what an optimizer of the scope was built over."""
-    key = event.key
-    if not key:
-        return False
-    for e in events:
-        for expr in (receiver(e.call), first_arg(e.call, "optimizer")):
-            if expr is None:
-                continue
-            for call, callee in model.call_values(expr, scope):
-                if is_optimizer_class(callee) and key in parameters_receivers(call):
-                    return True
-    for site in model.calls_in(scope):
-        if is_optimizer_class(model.callee(site)) and key in parameters_receivers(site.node):
-            return True
-    return False
-
-
-def scaler_enabled(model, scope: Scope, key: str) -> str:
-    """The ``enabled=`` argument of the scaler's construction, as written (``True`` when absent)."""
-    for call, callee in model.call_values(cst.parse_expression(key), scope):
-        if callee in GRAD_SCALERS:
-            kw = keyword(call, "enabled")
-            if kw is not None:
-                return f"({model.code(kw.value)})"
-    return "True"
-
-
-def _index_bindings(model, loop: Frame | None, free: list[str], window: LoopWindow) -> list[str]:
-    """``i = __tl_step__`` for the index of ``for i, batch in enumerate(loader)`` / ``for i in
-    range(n)``; the iterable becomes a ``Loader`` whose length is the iteration count."""
-    if loop is None or not isinstance(loop.node, cst.For):
-        return []
-    node = loop.node
-    lines: list[str] = []
-    it = node.iter
-    index_name = None
-    start = "0"
-    if isinstance(it, cst.Call) and dotted(it.func) == "enumerate" and it.args:
-        target = node.target
-        if isinstance(target, cst.Tuple | cst.List) and target.elements:
-            first = target.elements[0].value
-            if isinstance(first, cst.Name):
-                index_name = first.value
-        start_arg = keyword(it, "start")
-        pos = positional(it)
-        start_expr = start_arg.value if start_arg is not None else (pos[1] if len(pos) > 1 else None)
-        if start_expr is not None:
-            if not isinstance(start_expr, cst.Integer):
-                raise NotExecutable("the loop counts from a start the probe cannot read")
-            start = start_expr.value
-        source = it.args[0].value
-    elif isinstance(it, cst.Call) and dotted(it.func) == "range" and isinstance(node.target, cst.Name):
-        pos = positional(it)
-        index_name = node.target.value
-        if len(pos) >= 2:
-            if not isinstance(pos[0], cst.Integer):
-                raise NotExecutable("the loop's range starts at a value the probe cannot read")
-            start = pos[0].value
-        source = None
-    else:
-        source = it
-    if index_name is not None:
-        lines.append(f"{index_name} = __tl_step__" + (f" + {start}" if start != "0" else ""))
-        window.reserved.add(index_name)
-    key = dotted(source) if source is not None else None
-    if key and key.split(".")[0] in free:
-        window.roles.setdefault(key, f"__tl__.Loader({key!r}, {window.iterations})")
-    return lines
-
-
-def _accumulation_roles(
-    ctx: ProbeContext, scope: Scope, stmts: list[cst.CSTNode], roles: dict, notes: list
-) -> int | None:
-    """Bind the accumulation count the window's conditions and micro-step loops use; returns it."""
-    from trainlint.verify.probes import _accumulation_count
-
-    model = ctx.model
-    training = model.training
-    counts: list[cst.BaseExpression] = []
-    for stmt in stmts:
-        for node in walk(stmt):
-            if isinstance(node, cst.If) and training.accumulation_condition(node.test, scope):
-                for inner in walk(node.test):
-                    if isinstance(inner, cst.BinaryOperation) and isinstance(inner.operator, cst.Modulo):
-                        counts.append(inner.right)
-            elif isinstance(node, cst.If):
-                test = node.test
-                if isinstance(test, cst.Comparison) and _counter_reset(node):
-                    for comparator in (test.left, *(c.comparator for c in test.comparisons)):
-                        if dotted(comparator) and is_step_count_name(dotted(comparator).rsplit(".", 1)[-1]):  # type: ignore[union-attr]
-                            counts.append(comparator)
-            elif (
-                isinstance(node, cst.For)
-                and isinstance(node.iter, cst.Call)
-                and dotted(node.iter.func) == "range"
-            ):
-                pos = positional(node.iter)
-                if len(pos) == 1 and dotted(pos[0]) and is_step_count_name(dotted(pos[0]).rsplit(".", 1)[-1]):  # type: ignore[union-attr]
-                    counts.append(pos[0])
-        # flags computed from a modulo (``is_update = (i + 1) % accum == 0``)
-        for node in walk(stmt):
-            if isinstance(node, cst.Assign) and training.accumulation_condition(node.value, scope):
-                for inner in walk(node.value):
-                    if isinstance(inner, cst.BinaryOperation) and isinstance(inner.operator, cst.Modulo):
-                        counts.append(inner.right)
-    value = None
-    for expr in counts:
-        key = dotted(expr)
-        if isinstance(expr, cst.Integer):
-            value = value or int(expr.value)
-            continue
-        if key is None or key in roles:
-            continue
-        k, more = _accumulation_count(model, scope, expr)
-        if k > MAX_COUNT:  # the hazard shows with any count of 2 or more: keep the probe small
-            more = [*more, f"`{key}` = {k} in the file, run with {MAX_COUNT}"]
-            k = MAX_COUNT
-        roles[key] = str(k)
-        notes.extend(m for m in more if m not in notes)
-        value = value or k
-    return value
-
-
-def _counter_reset(node: cst.If) -> bool:
-    from trainlint.events import Training
-
-    return Training._counter_reset(node)

@@ -18,15 +18,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-RUNTIME = Path(__file__).with_name("runtime.py")
-BOOT = (
-    "import importlib.util, sys\n"
-    "spec = importlib.util.spec_from_file_location('trainlint_verify_runtime', sys.argv[1])\n"
-    "mod = importlib.util.module_from_spec(spec)\n"
-    "sys.modules[spec.name] = mod\n"
-    "spec.loader.exec_module(mod)\n"
-    "raise SystemExit(mod.main(sys.argv[2:]))\n"
-)
+from trainlint.verify.child import BOOT
+
+# The child runs the package ``trainlint.verify.child`` loaded by path (see its ``BOOT``): it imports
+# torch, and nothing of the parent side.
+CHILD = Path(__file__).with_name("child")
 STARTUP_S = 60.0  # importing torch (and CUDA initialisation) before the first probe
 GRACE_S = 3.0  # beyond a probe's own timeout before the parent kills the child
 POLL_S = 0.1
@@ -129,7 +125,7 @@ def _run_batch(
         total = STARTUP_S + (timeout + GRACE_S) * len(probes)
         with open(workdir / "stdout", "wb") as out, open(workdir / "stderr", "wb") as err:
             proc = subprocess.Popen(
-                [sys.executable, "-c", BOOT, str(RUNTIME), str(job), str(results)],
+                [sys.executable, "-c", BOOT, str(CHILD), str(job), str(results)],
                 cwd=run_dir,
                 env=_environment(),
                 stdin=subprocess.DEVNULL,

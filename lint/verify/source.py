@@ -169,22 +169,6 @@ def analyse_names(code: str) -> Names:
 
     positions = wrapper.resolve(PositionProvider)
     parent = parents(module)
-
-    def store_point(node: cst.CSTNode) -> tuple[int, int]:
-        # a name is bound once its statement's right-hand side has run: `loss = loss / n` reads first
-        current = node
-        while id(current) in parent:
-            up = parent[id(current)]
-            if isinstance(up, cst.For) and current is up.target:
-                end = positions[up.iter].end
-                return (end.line, end.column)
-            if isinstance(up, cst.BaseSmallStatement | cst.WithItem | cst.NamedExpr):
-                end = positions[up].end
-                return (end.line, end.column)
-            current = up
-        start = positions[node].start
-        return (start.line, start.column)
-
     free: list[str] = []
     assigned: set[str] = set()
     first_store: dict[str, tuple[int, int]] = {}
@@ -198,7 +182,7 @@ def analyse_names(code: str) -> Names:
             continue
         where = (positions[node].start.line, positions[node].start.column)
         if ctx is ExpressionContext.STORE or ctx is ExpressionContext.DEL:
-            where = store_point(node)
+            where = _store_point(node, parent, positions)
             if scope is scopes[module]:
                 assigned.add(node.value)
                 first_store[node.value] = min(first_store.get(node.value, where), where)
@@ -218,14 +202,7 @@ def analyse_names(code: str) -> Names:
         scope = scopes[node]
         if scope is not scopes[module]:
             # inside a nested def/lambda/comprehension: free when no scope on the way binds it
-            s = scope
-            bound = False
-            while s is not None and s is not scopes[module]:
-                if name in s and any(a.scope is s for a in s.assignments[name]):
-                    bound = True
-                    break
-                s = s.parent if s.parent is not s else None
-            if bound:
+            if _bound_on_the_way(name, scope, scopes[module]):
                 continue
             if name in first_store:
                 continue  # a top-level name the nested code sees when it runs
@@ -240,6 +217,34 @@ def analyse_names(code: str) -> Names:
             if path and path.split(".")[0] in free and path not in attrs:
                 attrs.append(path)
     return Names(free, assigned, attrs)
+
+
+def _store_point(node: cst.CSTNode, parent: dict[int, cst.CSTNode], positions) -> tuple[int, int]:
+    """Where a stored name becomes bound: once its statement's right-hand side has run (``loss = loss
+    / n`` reads first), after a ``for``'s iterable."""
+    current = node
+    while id(current) in parent:
+        up = parent[id(current)]
+        if isinstance(up, cst.For) and current is up.target:
+            end = positions[up.iter].end
+            return (end.line, end.column)
+        if isinstance(up, cst.BaseSmallStatement | cst.WithItem | cst.NamedExpr):
+            end = positions[up].end
+            return (end.line, end.column)
+        current = up
+    start = positions[node].start
+    return (start.line, start.column)
+
+
+def _bound_on_the_way(name: str, scope, top) -> bool:
+    """Whether a scope between ``scope`` (a nested def, lambda or comprehension) and ``top`` binds
+    ``name``."""
+    s = scope
+    while s is not None and s is not top:
+        if name in s and any(a.scope is s for a in s.assignments[name]):
+            return True
+        s = s.parent if s.parent is not s else None
+    return False
 
 
 def _defined_names(stmt: cst.CSTNode, positions) -> Iterator[tuple[str, tuple[int, int]]]:

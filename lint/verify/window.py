@@ -8,7 +8,17 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from trainlint.model import FileModel, Scope, attr_name, dotted, keyword, positional, receiver, walk
+from trainlint.model import (
+    FileModel,
+    Scope,
+    attr_name,
+    dotted,
+    keyword,
+    positional,
+    receiver,
+    split_lines,
+    walk,
+)
 from trainlint.verify.context import TextEdit
 from trainlint.verify.source import Carry, NotExecutable, Tree, analyse_names, is_literal
 
@@ -29,7 +39,7 @@ def region_text(source: str, region: Region, edits: list[TextEdit] = ()) -> str:
     """The region's lines with the edits that fall inside it applied, dedented."""
     from trainlint.verify.context import apply_text_edits
 
-    lines = source.splitlines(keepends=True)[region.start - 1 : region.end]
+    lines = split_lines(source, keepends=True)[region.start - 1 : region.end]
     text = "".join(lines)
     if not text.endswith("\n"):
         text += "\n"
@@ -232,3 +242,48 @@ def parameters_receivers(expr: cst.CSTNode) -> list[str]:
             if key and key not in out:
                 out.append(key)
     return out
+
+
+def _int_value(expr: cst.BaseExpression) -> int | None:
+    """The value of an integer literal or of literal integer arithmetic (``5 * 8``)."""
+    if isinstance(expr, cst.Integer):
+        return int(expr.value, 0)
+    if isinstance(expr, cst.BinaryOperation):
+        left, right = _int_value(expr.left), _int_value(expr.right)
+        if left is None or right is None:
+            return None
+        if isinstance(expr.operator, cst.Add):
+            return left + right
+        if isinstance(expr.operator, cst.Subtract):
+            return left - right
+        if isinstance(expr.operator, cst.Multiply):
+            return left * right
+        if isinstance(expr.operator, cst.FloorDivide) and right:
+            return left // right
+    return None
+
+
+def accumulation_count(model: FileModel, scope, divisor: cst.BaseExpression) -> tuple[int, list[str]]:
+    """K as the file defines it (a literal, a local constant or parameter default, an argparse
+    default), else 4, with a note saying where it came from."""
+    text = model.code(divisor)
+    if isinstance(divisor, cst.Integer):
+        return int(divisor.value), []
+    candidates = []
+    if isinstance(divisor, cst.Name):
+        value = Binder(model, scope).local_value(divisor.value)
+        if value is not None and value.isdigit():
+            return int(value), []
+        values = model.values_of(divisor, scope)
+        if len(values) == 1 and _int_value(values[0]) is not None:
+            return int(_int_value(values[0])), []  # type: ignore[arg-type]
+        if len(values) == 1 and dotted(values[0]):
+            candidates.append(dotted(values[0]) or "")
+    elif dotted(divisor):
+        candidates.append(text)
+    defaults = argparse_defaults(model)
+    for candidate in candidates:
+        last = candidate.split(".")[-1]
+        if last in defaults and defaults[last].isdigit():
+            return int(defaults[last]), [f"`{candidate}` = {defaults[last]} (argparse default)"]
+    return 4, [f"`{text}` taken as 4 (its value is not in the file)"]

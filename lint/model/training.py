@@ -1,0 +1,352 @@
+"""Roles and training events: the file model's view of a training step.
+
+From the call sites of a ``FileModel`` this derives, once per file, which values are GradScalers and
+optimizers, and an ordered list of classified events per scope (scaled backward, unscale, clip, step,
+update, zero_grad, dtype conversion, checkpoint call, optimizer construction) that rules query.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import re
+from dataclasses import dataclass
+
+import libcst as cst
+
+from trainlint.model.filemodel import FileModel, Frame, Scope, Site
+from trainlint.model.syntax import attr_name, dotted, first_arg, receiver, walk
+from trainlint.model.vocab import (
+    BACKWARD_NAMES,
+    CHECKPOINT_FUNCTIONS,
+    CLIP_FUNCTIONS,
+    DDP_CLASSES,
+    GRAD_SCALERS,
+    LOW_PRECISION_DTYPES,
+    NOT_A_STEP_COUNT,
+    NOT_OPTIMIZERS,
+    OPTIMIZER_PREFIXES,
+)
+
+# Names that say "optimizer" when the construction is out of sight: optimizer, optim, opt, opt_g, optD,
+# g_optimizer, self.optimizer_d.
+OPTIMIZER_NAME = re.compile(r"^(opt|optim|optimizer|optimiser)([_0-9A-Z]\w*)?$|^\w+_(opt|optim|optimizer)$")
+
+
+class EventKind(str, enum.Enum):
+    """What a classified call does in a training step. A ``str`` enum: ``kind == "update"`` holds."""
+
+    BACKWARD = "backward"
+    SCALED_BACKWARD = "scaled_backward"
+    UNSCALE = "unscale"
+    UPDATE = "update"
+    SCALER_STEP = "scaler_step"
+    STEP = "step"
+    ZERO_GRAD = "zero_grad"
+    CLIP = "clip"
+    CHECKPOINT = "checkpoint"
+    OPTIMIZER = "optimizer"
+    CONVERSION = "conversion"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def is_backward_call(call: cst.Call) -> bool:
+    """``x.backward()``, ``fabric.backward(loss)``, ``self.manual_backward(loss)``."""
+    return attr_name(call) in BACKWARD_NAMES
+
+
+def is_modulo(expr: cst.CSTNode) -> bool:
+    """``a % b`` where ``b`` is not the literal 2 (parity is not an accumulation schedule)."""
+    return (
+        isinstance(expr, cst.BinaryOperation)
+        and isinstance(expr.operator, cst.Modulo)
+        and not (isinstance(expr.right, cst.Integer) and expr.right.value == "2")
+        and not isinstance(expr.left, cst.SimpleString | cst.FormattedString | cst.ConcatenatedString)
+    )
+
+
+def is_optimizer_class(qualname: str | None) -> bool:
+    if not qualname or qualname.startswith(NOT_OPTIMIZERS):
+        return False
+    return qualname.startswith(OPTIMIZER_PREFIXES)
+
+
+@dataclass(eq=False)
+class Event:
+    kind: EventKind
+    site: Site
+    key: str | None = None  # the receiver (scaler, optimizer, module) as dotted text, when known
+
+    @property
+    def call(self) -> cst.Call:
+        assert isinstance(self.site.node, cst.Call)
+        return self.site.node
+
+    @property
+    def order(self) -> int:
+        return self.site.order
+
+
+class Training:
+    """Roles and events of one file; built lazily from the file model."""
+
+    def __init__(self, model: FileModel) -> None:
+        self.model = model
+
+    # -- roles ----------------------------------------------------------------------------------------
+    @functools.cached_property
+    def _method_receivers(self) -> dict[str, set[str]]:
+        """For each method name, the dotted receivers it is called on anywhere in the file."""
+        out: dict[str, set[str]] = {}
+        for site in self.model.calls:
+            call = site.node
+            assert isinstance(call, cst.Call)
+            name = attr_name(call)
+            key = dotted(receiver(call))
+            if name and key and isinstance(call.func, cst.Attribute):
+                out.setdefault(name, set()).add(key)
+        return out
+
+    def is_scaler(self, expr: cst.CSTNode | None, scope: Scope) -> bool:
+        """A GradScaler by construction (``GradScaler(...)`` assigned to it) or by use: it is used as
+        ``x.scale(loss).backward()`` and also has ``step``/``update``/``unscale_`` called on it."""
+        key = dotted(expr)
+        if key is None:
+            return False
+        for value in self.model.values_of(expr, scope):
+            # ``GradScaler(...) if use_amp else None`` counts: the scaler path is the one that matters.
+            options = [value.body, value.orelse] if isinstance(value, cst.IfExp) else [value]
+            for option in options:
+                if isinstance(option, cst.Call) and self.model.qualname(option.func, scope) in GRAD_SCALERS:
+                    return True
+        used = self._method_receivers
+        return key in used.get("scale", set()) and any(
+            key in used.get(m, set()) for m in ("step", "update", "unscale_")
+        )
+
+    def is_optimizer(self, expr: cst.CSTNode | None, scope: Scope) -> bool:
+        return any(is_optimizer_class(callee) for _, callee in self.model.call_values(expr, scope))
+
+    @functools.cached_property
+    def _scaler_arguments(self) -> set[str]:
+        """Dotted texts passed to ``scaler.step(x)`` / ``scaler.unscale_(x)`` anywhere in the file."""
+        out = set()
+        for event in self.events:
+            if event.kind in (EventKind.SCALER_STEP, EventKind.UNSCALE):
+                arg = first_arg(event.call, "optimizer")
+                key = dotted(arg) if arg is not None else None
+                if key:
+                    out.add(key)
+        return out
+
+    def is_optimizer_like(self, expr: cst.CSTNode | None, scope: Scope) -> bool:
+        """An optimizer by construction, by use (passed to ``scaler.step``/``scaler.unscale_``), or,
+        for parameters, factories (``build_optimizer(cfg)``) and attributes whose construction is not
+        visible, by a name such as ``optimizer``, ``self.optim``, ``opt_g`` or ``d_optimizer`` (never a
+        ``*sched*`` name nor something built by a learning-rate scheduler class)."""
+        key = dotted(expr)
+        if key is None:
+            return False
+        if self.is_optimizer(expr, scope) or key in self._scaler_arguments:
+            return True
+        for _, callee in self.model.call_values(expr, scope):
+            if callee and ("lr_scheduler" in callee or "sched" in callee.rsplit(".", 1)[-1].lower()):
+                return False
+        return bool(OPTIMIZER_NAME.match(key.rsplit(".", 1)[-1])) and "sched" not in key.lower()
+
+    # -- accumulation ---------------------------------------------------------------------------------
+    def accumulation_condition(self, frame_or_test: Frame | cst.BaseExpression, scope: Scope) -> bool:
+        """Whether an ``if`` (a Frame of kind ``if``, or a test expression) is a gradient-accumulation
+        condition, in either polarity. Recognised forms:
+
+        - a modulo comparison: ``(i + 1) % accum == 0``, ``step % n != 0``, ``not i % n``,
+          ``i % n == n - 1`` (any modulo whose divisor is not the literal 2, which is parity);
+        - ``accelerator.sync_gradients`` (any ``x.sync_gradients``) and ``not ...`` of it;
+        - any ``and``/``or`` that contains one: ``step % accum == 0 or is_last_batch``;
+        - a local name or ``self.attr`` every assignment of which is one: ``is_update_step = (i + 1)
+          % accum == 0`` then ``if is_update_step:``;
+        - for a Frame only: a counter reset, ``if count == accum:`` whose body sets ``count = 0``.
+        """
+        if isinstance(frame_or_test, Frame):
+            node = frame_or_test.node
+            if frame_or_test.kind != "if" or not isinstance(node, cst.If):
+                return False
+            if self._accumulation_test(node.test, scope, 0):
+                return True
+            return self._counter_reset(node)
+        return self._accumulation_test(frame_or_test, scope, 0)
+
+    def _accumulation_test(self, test: cst.BaseExpression, scope: Scope, depth: int) -> bool:
+        if depth > 4:
+            return False
+        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            return self._accumulation_test(test.expression, scope, depth + 1)
+        if isinstance(test, cst.BooleanOperation):
+            return self._accumulation_test(test.left, scope, depth + 1) or self._accumulation_test(
+                test.right, scope, depth + 1
+            )
+        if isinstance(test, cst.Attribute) and test.attr.value == "sync_gradients":
+            return True
+        if is_modulo(test) or (
+            isinstance(test, cst.Comparison)
+            and (is_modulo(test.left) or any(is_modulo(c.comparator) for c in test.comparisons))
+        ):
+            return True
+        if isinstance(test, cst.Name | cst.Attribute):
+            values = self.model.values_of(test, scope)
+            return bool(values) and all(self._accumulation_test(v, scope, depth + 1) for v in values)
+        return False
+
+    @staticmethod
+    def _counter_reset(node: cst.If) -> bool:
+        test = node.test
+        if not (
+            isinstance(test, cst.Comparison)
+            and isinstance(test.comparisons[0].operator, cst.Equal | cst.GreaterThanEqual)
+        ):
+            return False
+        names = {dotted(test.left), *(dotted(c.comparator) for c in test.comparisons)} - {None}
+        for sub in walk(node.body):
+            if isinstance(sub, cst.Assign) and isinstance(sub.value, cst.Integer) and sub.value.value == "0":
+                if any(dotted(t.target) in names for t in sub.targets):
+                    return True
+        return False
+
+    def under_accumulation(self, site: Site, loop: cst.CSTNode | None = None) -> Frame | None:
+        """The innermost ``if`` frame around ``site`` that is an accumulation condition, looking only
+        inside ``loop`` when it is given (frames outside that loop do not count)."""
+        frames = list(site.frames)
+        if loop is not None:
+            index = next((i for i, f in enumerate(frames) if f.node is loop), None)
+            if index is None:
+                return None
+            frames = frames[index + 1 :]
+        for frame in reversed(frames):
+            if frame.kind == "if" and self.accumulation_condition(frame, site.scope):
+                return frame
+        return None
+
+    # -- events ---------------------------------------------------------------------------------------
+    def _classify(self, site: Site) -> Event | None:
+        call = site.node
+        assert isinstance(call, cst.Call)
+        model = self.model
+        name = attr_name(call)
+        recv = receiver(call)
+        callee = model.callee(site)
+        if callee in CLIP_FUNCTIONS:
+            return Event(EventKind.CLIP, site)
+        if callee in CHECKPOINT_FUNCTIONS:
+            return Event(EventKind.CHECKPOINT, site)
+        if is_optimizer_class(callee):
+            return Event(EventKind.OPTIMIZER, site)
+        if recv is None or name is None:
+            return None
+        if name == "backward":
+            inner = recv
+            if (
+                isinstance(inner, cst.Call)
+                and attr_name(inner) == "scale"
+                and self.is_scaler(receiver(inner), site.scope)
+            ):
+                return Event(EventKind.SCALED_BACKWARD, site, dotted(receiver(inner)))
+            return Event(EventKind.BACKWARD, site, dotted(recv))
+        if name in ("unscale_", "update") and self.is_scaler(recv, site.scope):
+            kind = EventKind.UNSCALE if name == "unscale_" else EventKind.UPDATE
+            return Event(kind, site, dotted(recv))
+        if name == "step":
+            if self.is_scaler(recv, site.scope):
+                return Event(EventKind.SCALER_STEP, site, dotted(recv))
+            return Event(EventKind.STEP, site, dotted(recv))
+        if name == "zero_grad":
+            return Event(EventKind.ZERO_GRAD, site, dotted(recv))
+        if self.low_precision_conversion(call, site.scope):
+            return Event(EventKind.CONVERSION, site, dotted(recv))
+        return None
+
+    def low_precision_conversion(self, call: cst.Call, scope: Scope) -> bool:
+        """``.half()``, ``.bfloat16()``, ``.to(torch.float16)``, ``.to(device, dtype=torch.bfloat16)``."""
+        name = attr_name(call)
+        if not isinstance(call.func, cst.Attribute):
+            return False
+        if name in ("half", "bfloat16") and not call.args:
+            return True
+        if name == "to":
+            candidates = [a.value for a in call.args if a.keyword is None or a.keyword.value == "dtype"]
+            return any(self.is_low_precision_dtype(c, scope) for c in candidates)
+        return False
+
+    def is_low_precision_dtype(self, expr: cst.CSTNode, scope: Scope) -> bool:
+        """``torch.float16``/``torch.half``/``torch.bfloat16``, or a local name every assignment of which
+        is one (``weight_dtype = torch.float32`` then ``= torch.bfloat16`` under a flag is unknown)."""
+        if isinstance(expr, cst.Name):
+            values = self.model.values_of(expr, scope)
+            if values:
+                return all(self.model.qualname(v, scope) in LOW_PRECISION_DTYPES for v in values)
+        return self.model.qualname(expr, scope) in LOW_PRECISION_DTYPES
+
+    @functools.cached_property
+    def events(self) -> list[Event]:
+        out = []
+        for site in self.model.calls:
+            event = self._classify(site)
+            if event is not None:
+                out.append(event)
+        return out
+
+    def events_in(self, scope: Scope, *kinds: EventKind | str) -> list[Event]:
+        wanted = set(kinds)
+        return [e for e in self.events if e.site.scope is scope and (not wanted or e.kind in wanted)]
+
+    def of_kind(self, *kinds: EventKind | str) -> list[Event]:
+        wanted = set(kinds)
+        return [e for e in self.events if e.kind in wanted]
+
+
+def mentions_parameters_of(expr: cst.CSTNode, key: str) -> bool:
+    """Whether ``expr`` contains ``<key>.parameters()`` or ``<key>.named_parameters()``."""
+    for node in walk(expr):
+        if (
+            isinstance(node, cst.Call)
+            and attr_name(node) in ("parameters", "named_parameters")
+            and dotted(receiver(node)) == key
+        ):
+            return True
+    return False
+
+
+def is_step_count_name(name: str) -> bool:
+    """``accum_steps``, ``gradient_accumulation_steps``, ``accumulate_grad_batches``, ``grad_accum``...
+    but not ``accum_tokens`` or ``accum_loss`` (a token count or a running total)."""
+    lowered = name.lower()
+    if not ("accum" in lowered or lowered in ("gas", "grad_acc", "n_acc")):
+        return False
+    return not any(part in lowered for part in NOT_A_STEP_COUNT)
+
+
+def modulo_divisors(node: cst.CSTNode) -> list[str]:
+    """``n`` of every ``x % n`` below ``node`` (dotted)."""
+    out = []
+    for inner in walk(node):
+        if isinstance(inner, cst.BinaryOperation) and isinstance(inner.operator, cst.Modulo):
+            key = dotted(inner.right)
+            if key is not None:
+                out.append(key)
+    return out
+
+
+def ddp_models(model: FileModel) -> set[str]:
+    """Dotted names bound to a ``DistributedDataParallel(...)`` anywhere in the file."""
+    out = set()
+    for site in model.calls_to(*DDP_CLASSES):
+        statement = site.statement
+        if isinstance(statement, cst.SimpleStatementLine):
+            for small in statement.body:
+                if isinstance(small, cst.Assign | cst.AnnAssign) and small.value is site.node:
+                    targets = (
+                        [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]
+                    )
+                    out.update(k for k in (dotted(t) for t in targets) if k)
+    return out

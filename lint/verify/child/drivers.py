@@ -1,0 +1,471 @@
+"""Drivers of the probes that run a program once per variant: a checkpointed call (TL201, TL202,
+TL203, TL204) and a step window (TL101, TL105, TL301). Each runs the variants and turns what they
+computed into a verdict with evidence."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import capture
+from .capture import detached, named_parameters, projection_loss, state_of, tensors_in
+from .compare import (
+    AUTOCAST_STEPS,
+    FLOAT32,
+    FLOAT32_SUMS,
+    HALF_PARAMETERS,
+    FixWording,
+    compare,
+    evidence_numbers,
+    fixed_outcome,
+    not_executable,
+    note_text,
+    num,
+    pct,
+    reference_evidence,
+    result,
+    short_list,
+    verdict,
+    worse,
+)
+from .sandbox import UnboundName, VariantFailed, call_user, exec_program, is_binding, seed
+from .standins import LONG_STEPS, LOSS_SCALE, STEPS
+
+CHECKPOINT_FIX = FixWording(
+    "with the fix it raises {failure}",
+    "with the fix: gradients match the reference (max rel {max_rel})",
+    "with the fix: still differs (max rel {max_rel})",
+)
+RNG_FIX = FixWording(
+    "with the RNG state preserved it raises {failure}",
+    "with the RNG state preserved: gradients match the reference (max rel {max_rel})",
+    "with the RNG state preserved: still differs (max rel {max_rel})",
+)
+STEP_FIX = FixWording.max_rel("with the fix")
+ACCUMULATION_FIX = FixWording.max_rel(
+    "weighting each microbatch by its share of the window's tokens",
+    raises="the token-weighted fix raises {failure}",
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# running the variants
+
+
+def run_grads_variant(ns: dict, roots: list[str]) -> dict:
+    """Call ``__tl_run__`` (one forward), backpropagate a fixed projection of every output and
+    capture outputs, parameter gradients and input gradients."""
+    out, warns = call_user(ns["__tl_run__"])
+    outputs = tensors_in(out)
+    params = named_parameters({r: ns[r] for r in roots if r in ns})
+    loss = projection_loss(outputs)
+    if loss is not None:
+        _, more = call_user(loss.backward)
+        warns.extend(more)
+    grads = {f"grad of {n}": detached(p.grad) for n, p in params.items() if p.requires_grad}
+    for name, t in ns.get("__tl_inputs__", {}).items():
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            grads[f"grad of input {name}"] = detached(t.grad)
+    return {
+        "outputs": {n: detached(t) for n, t in outputs},
+        "grads": grads,
+        "hits": dict(capture.hit_counts),
+        "warnings": warns,
+        "params": params,
+    }
+
+
+def run_variants(probe: dict, names: tuple[str, ...], run) -> tuple[dict, dict]:
+    """Run each variant's program with ``run(ns)``. A variant may come with alternative programs
+    (the user's own constructor, then stand-ins built from use): the first alternative whose
+    reference runs is used for every variant. Returns (runs, failures)."""
+    programs = probe["programs"]
+    alternatives = (
+        programs["reference"] if isinstance(programs["reference"], list) else [programs["reference"]]
+    )
+    chosen = 0
+    first_failure: str | None = None
+    for index in range(len(alternatives)):
+        try:
+            ns = exec_program(_alt(programs["reference"], index), "reference")
+            seed(1)
+            reference = run(ns)
+            chosen = index
+            break
+        except VariantFailed as exc:
+            if isinstance(exc.exc, SystemExit):
+                return {}, {"reference": str(exc)}
+            if first_failure is None or (
+                str(exc).startswith("uses `") and not first_failure.startswith("uses `")
+            ):
+                first_failure = str(exc)
+    else:
+        return {}, {"reference": first_failure or "no program"}
+    runs = {"reference": reference}
+    failures: dict[str, str] = {}
+    for name in names:
+        if name == "reference" or name not in programs:
+            continue
+        try:
+            ns = exec_program(_alt(programs[name], chosen), name)
+            seed(1)
+            runs[name] = run(ns)
+        except VariantFailed as exc:
+            failures[name] = str(exc)
+            if isinstance(exc.exc, UnboundName | SystemExit):
+                break
+    return runs, failures
+
+
+def _alt(program, index: int) -> str:
+    return program[index] if isinstance(program, list) else program
+
+
+def _harness_failure(text: str) -> bool:
+    """The variant failed on the harness's binding, not on the behaviour measured."""
+    return text.startswith("uses `") or text.startswith("the snippet called")
+
+
+def _did_not_run(probe: dict, run: dict, label: str) -> dict | None:
+    if probe.get("hit_key") and not run["hits"].get(probe["hit_key"]):
+        return not_executable(f"{label} did not run with the stand-in values")
+    return None
+
+
+def _none_gradients(cmp: dict) -> dict:
+    if cmp["missing"]:
+        return {"none_gradients": [n.removeprefix("grad of ") for n in cmp["missing"]]}
+    return {}
+
+
+# --------------------------------------------------------------------------------------------------
+# checkpointed calls
+
+
+def drive_grads(probe: dict) -> dict:
+    """TL201/TL202: the checkpointed call as written vs without checkpoint (and with the fix)."""
+    roots = probe.get("roots", ["self"])
+    runs, failures = run_variants(
+        probe, ("reference", "as_written", "fixed"), lambda ns: run_grads_variant(ns, roots)
+    )
+    label = probe.get("call_label", "the checkpointed call")
+    if "reference" in failures or "reference" not in runs:
+        return not_executable(failures.get("reference") or failures.get("as_written", "no result"))
+    fixed = fixed_outcome(runs, failures, ("grads", "outputs"), FLOAT32, CHECKPOINT_FIX)
+    if "as_written" in failures:
+        text = failures["as_written"]
+        if _harness_failure(text):
+            return not_executable(text)
+        ev = {"exception": text, **({"fixed_vs_reference": fixed.evidence} if fixed else {})}
+        return verdict(True, f"as written, {label} raises {text}; without checkpoint it runs", ev, fixed, [])
+    aw, ref = runs["as_written"], runs["reference"]
+    skipped = _did_not_run(probe, aw, label)
+    if skipped:
+        return skipped
+    cmp_g = compare(aw["grads"], ref["grads"], FLOAT32)
+    cmp_o = compare(aw["outputs"], ref["outputs"], FLOAT32)
+    ev = reference_evidence(
+        worse(cmp_g, cmp_o), FLOAT32, fixed, gradients_compared=len(ref["grads"]), **_none_gradients(cmp_g)
+    )
+    notes = probe.get("notes", [])
+    if cmp_g["match"] and cmp_o["match"]:
+        detail = (
+            f"as written, {label} gives the same outputs and gradients as without checkpoint "
+            f"({len(ref['grads'])} gradients, max rel {cmp_g['max_rel']})"
+        )
+        return verdict(False, detail, ev, fixed, notes)
+    if cmp_g["missing"]:
+        names = [n.removeprefix("grad of ") for n in cmp_g["missing"]]
+        detail = (
+            f"as written, {len(names)} of {len(ref['grads'])} parameter gradients come back None "
+            f"({short_list(names)})"
+        )
+        if any("requires_grad" in w for w in aw["warnings"]):
+            detail += ": no input of the reentrant checkpoint requires grad"
+    else:
+        which = cmp_g if not cmp_g["match"] else cmp_o
+        detail = (
+            f"as written, {which['worst']} differs from the reference by {pct(which['max_rel'])} (max rel)"
+        )
+    return verdict(True, detail, ev, fixed, notes)
+
+
+def drive_rng(probe: dict) -> dict:
+    """TL204: the checkpoint with ``preserve_rng_state=False`` vs the plain call (and with the RNG
+    state preserved): gradients computed for a different random draw than the forward used."""
+    roots = probe.get("roots", ["self"])
+    runs, failures = run_variants(
+        probe, ("reference", "as_written", "fixed"), lambda ns: run_grads_variant(ns, roots)
+    )
+    label = probe.get("call_label", "the checkpointed call")
+    if "reference" in failures or "reference" not in runs:
+        return not_executable(failures.get("reference") or failures.get("as_written", "no result"))
+    if "as_written" in failures:
+        return not_executable(f"as written, {label} raises {failures['as_written']}")
+    aw, ref = runs["as_written"], runs["reference"]
+    skipped = _did_not_run(probe, aw, label)
+    if skipped:
+        return skipped
+    cmp_g = compare(aw["grads"], ref["grads"], FLOAT32)
+    cmp_o = compare(aw["outputs"], ref["outputs"], FLOAT32)
+    fixed = fixed_outcome(runs, failures, ("grads", "outputs"), FLOAT32, RNG_FIX)
+    ev = reference_evidence(
+        worse(cmp_g, cmp_o),
+        FLOAT32,
+        fixed,
+        outputs_vs_reference=evidence_numbers(cmp_o),
+        gradients_compared=len(ref["grads"]),
+        **_none_gradients(cmp_g),
+    )
+    notes = probe.get("notes", [])
+    if cmp_g["match"] and cmp_o["match"]:
+        detail = (
+            f"as written, {label} gives the same outputs and gradients as the plain forward+backward "
+            f"({len(ref['grads'])} gradients, max rel {cmp_g['max_rel']}): the function drew no random "
+            "numbers that matter here"
+        )
+        return verdict(False, detail, ev, fixed, notes)
+    which = cmp_g if not cmp_g["match"] else cmp_o
+    detail = (
+        f"as written, recomputation draws new random numbers: {which['worst']} differs from the plain "
+        f"forward+backward by {pct(which['max_rel'])} (max rel) while the forward outputs "
+        + ("match" if cmp_o["match"] else "differ")
+    )
+    return verdict(True, detail, ev, fixed, notes)
+
+
+def drive_side_effects(probe: dict) -> dict:
+    """TL203: one forward+backward under checkpoint vs plain; count each side effect."""
+    roots = probe.get("roots", ["self"])
+    keys = probe["counters"]
+    watch = probe.get("watch", [])
+
+    def run(ns: dict) -> dict:
+        out = run_grads_variant(ns, roots)
+        out["state"] = state_of({r: ns[r] for r in roots if r in ns})
+        out["globals"] = {
+            k.removeprefix("__tl_arg_"): float(len(v)) if isinstance(v, list | dict | set) else float(v)
+            for k, v in ns.items()
+            if (k in watch and isinstance(v, list | dict | set | int | float))
+            or (k.startswith("__tl_arg_") and isinstance(v, list | dict | set))
+        }
+        return out
+
+    runs, failures = run_variants(probe, ("reference", "as_written"), run)
+    if "reference" in failures:
+        return not_executable(failures["reference"])
+    if "as_written" in failures:
+        text = failures["as_written"]
+        if _harness_failure(text):
+            return not_executable(text)
+        return result("confirmed", f"as written, the checkpointed call raises {text}", {"exception": text})
+    aw, ref = runs["as_written"], runs["reference"]
+    skipped = _did_not_run(probe, aw, probe.get("call_label", "the checkpoint call"))
+    if skipped:
+        return skipped
+    counts = {
+        label: {"checkpointed": aw["hits"].get(key, 0), "plain": ref["hits"].get(key, 0)}
+        for key, label in keys.items()
+    }
+    changed = compare(aw["state"], ref["state"], FLOAT32)
+    glob = {k: (aw["globals"].get(k), ref["globals"].get(k)) for k in ref["globals"]}
+    glob_diff = [k for k, (a, b) in glob.items() if a != b]
+    ev: dict = {"executions": counts, "state_vs_plain": evidence_numbers(changed)}
+    if changed["differing"]:
+        ev["state_differs"] = changed["differing"]
+    if glob_diff:
+        ev["globals"] = {k: {"checkpointed": glob[k][0], "plain": glob[k][1]} for k in glob_diff}
+    if all(c["plain"] == 0 for c in counts.values()):
+        return not_executable("the flagged statement did not run in the plain forward with the stand-ins")
+    diff = [label for label, c in counts.items() if c["checkpointed"] != c["plain"]]
+    if diff or changed["differing"] or glob_diff:
+        parts = [
+            f"{label} ran {counts[label]['checkpointed']} times under checkpoint vs "
+            f"{counts[label]['plain']} without"
+            for label in diff
+        ]
+        if changed["differing"]:
+            parts.append(f"state differs afterwards: {short_list(changed['differing'])}")
+        parts.extend(f"`{k}` ends at {glob[k][0]:g} instead of {glob[k][1]:g}" for k in glob_diff)
+        return result("confirmed", "in one forward+backward, " + "; ".join(parts), ev)
+    label, c = next(iter(counts.items()))
+    return result(
+        "not-reproduced",
+        f"in one forward+backward, {label} ran {c['checkpointed']} time(s) under checkpoint, "
+        f"as often as without it, and the state afterwards is the same",
+        ev,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# step windows
+
+
+def _step_run(ns: dict) -> dict:
+    call_user(lambda: None)
+    before, after = ns["__tl_before__"], ns["__tl_after__"]
+    return {
+        "update": {f"update of {n}": after[n] - before[n] for n in before},
+        "records": {k: list(v) for k, v in capture.records.items()},
+    }
+
+
+def _step_variants(probe: dict) -> tuple[dict, dict[str, str], dict | None]:
+    """Runs and failures of the step window's variants, or the verdict when they cannot be compared."""
+    runs: dict[str, dict] = {}
+    failures: dict[str, str] = {}
+    for name in ("reference", "as_written", "fixed"):
+        if name not in probe["programs"]:
+            continue
+        try:
+            runs[name] = _step_run(exec_program(probe["programs"][name], name))
+        except VariantFailed as exc:
+            failures[name] = str(exc)
+            if name == "reference" or is_binding(exc):
+                return runs, failures, not_executable(str(exc))
+    if "as_written" in failures:  # not the hazard this probe measures
+        return runs, failures, not_executable(f"as written, the step raises {failures['as_written']}")
+    return runs, failures, None
+
+
+def drive_step(probe: dict) -> dict:
+    """TL101: the step window as written vs the same window without loss scaling; compares the
+    parameter updates after a few steps, and the gradient norm the clip saw."""
+    runs, failures, stop = _step_variants(probe)
+    if stop is not None:
+        return stop
+    aw, ref = runs["as_written"], runs["reference"]
+    cmp = compare(aw["update"], ref["update"], AUTOCAST_STEPS)
+    seen_aw = [x for x in aw["records"].get("clip", []) if x is not None]
+    seen_ref = [x for x in ref["records"].get("clip", []) if x is not None]
+    clip: dict = {}
+    norm_text = ""
+    if seen_aw and seen_ref:
+        clip["clip_saw_norm"] = {
+            "as_written": [num(x) for x in seen_aw],
+            "reference": [num(x) for x in seen_ref],
+        }
+        norm_text = (
+            f"; the clip saw a gradient norm of {seen_aw[0]:.4g} instead of {seen_ref[0]:.4g}"
+            f" (loss scale {LOSS_SCALE:g})"
+        )
+    fixed = fixed_outcome(runs, failures, ("update",), AUTOCAST_STEPS, STEP_FIX)
+    ev = reference_evidence(cmp, AUTOCAST_STEPS, fixed, steps=STEPS, loss_scale=LOSS_SCALE, **clip)
+    if cmp["match"]:
+        detail = f"over {STEPS} steps the update matches the unscaled reference (max rel {cmp['max_rel']})"
+    else:
+        detail = (
+            f"over {STEPS} steps the update differs from the unscaled reference by {pct(cmp['max_rel'])} "
+            "(max rel)"
+        )
+    return verdict(not cmp["match"], detail + norm_text, ev, fixed, probe.get("notes", []))
+
+
+def drive_accumulation(probe: dict) -> dict:
+    """TL301: gradients accumulated over uneven microbatches as written vs one big batch."""
+    runs: dict[str, dict] = {}
+    failures: dict[str, str] = {}
+    for name in ("reference", "as_written", "fixed"):
+        program = probe["programs"].get(name)
+        if program is None:
+            continue
+        try:
+            capture.counting_pass(True)  # as written and reference: record the counts, for the evidence
+            ns = exec_program(program, name)
+        except VariantFailed as exc:
+            failures[name] = str(exc)
+        else:
+            runs[name] = {"grads": capture.module_grads(ns), "tokens": dict(capture.tokens_seen)}
+        finally:
+            capture.counting_pass(False)
+        if name in failures and (name == "reference" or failures[name].startswith(("uses `", "the snippet"))):
+            return not_executable(failures[name])
+    if "as_written" in failures:
+        return not_executable(failures["as_written"])
+    aw, ref = runs["as_written"], runs["reference"]
+    cmp = compare(aw["grads"], ref["grads"], FLOAT32_SUMS)
+    valid = capture.batch_valid  # the microbatches of the last program run
+    tokens = [aw["tokens"].get(i, valid.get(i, 0)) for i in sorted(valid)]
+    fixed = fixed_outcome(runs, failures, ("grads",), FLOAT32_SUMS, ACCUMULATION_FIX)
+    ev = reference_evidence(
+        cmp, FLOAT32_SUMS, fixed, microbatches=len(tokens), valid_tokens_per_microbatch=tokens
+    )
+    counts = ", ".join(str(t) for t in tokens)
+    if cmp["match"]:
+        detail = (
+            f"microbatches with {counts} valid tokens: the accumulated gradient matches one big batch "
+            f"(max rel {cmp['max_rel']})"
+        )
+    else:
+        detail = (
+            f"microbatches with {counts} valid tokens: the accumulated gradient differs from one big "
+            f"batch's token mean by {pct(cmp['max_rel'])} (max rel)"
+        )
+    return verdict(not cmp["match"], detail, ev, fixed, probe.get("notes", []))
+
+
+def drive_half(probe: dict) -> dict:
+    """TL105: 16-bit parameters trained as written vs fp32 parameters with an autocast forward."""
+    runs: dict[str, dict] = {}
+    for name in ("reference", "as_written"):
+        try:
+            ns = exec_program(probe["programs"][name], name)
+        except VariantFailed as exc:
+            text = str(exc)
+            if name == "reference" or "unscale FP16 gradients" not in text:
+                return not_executable(text)
+            return result(
+                "confirmed",
+                f"training the converted parameters raises {text} (the GradScaler refuses 16-bit gradients)",
+                {"exception": text},
+            )
+        before, after = ns["__tl_before__"], ns["__tl_after__"]
+        runs[name] = {
+            "moved": {f"movement of {n}": after[n] - before[n] for n in before},
+            "dtype": ns.get("__tl_dtype__", "?"),
+        }
+    aw, ref = runs["as_written"], runs["reference"]
+    tol = HALF_PARAMETERS
+    cmp = compare(aw["moved"], ref["moved"], tol)
+    bad = sum(int((~torch.isfinite(t)).sum()) for t in aw["moved"].values())
+    diff_norm = math.sqrt(sum(float(((aw["moved"][n] - ref["moved"][n]) ** 2).sum()) for n in ref["moved"]))
+    frozen = sum(int((t == 0).sum()) for t in aw["moved"].values())
+    total = sum(t.numel() for t in aw["moved"].values())
+    ref_frozen = sum(int((t == 0).sum()) for t in ref["moved"].values())
+    aw_norm = math.sqrt(sum(float((t**2).sum()) for t in aw["moved"].values()))
+    ref_norm = math.sqrt(sum(float((t**2).sum()) for t in ref["moved"].values()))
+    ev = reference_evidence(
+        cmp,
+        tol,
+        None,
+        steps=LONG_STEPS,
+        parameter_dtype=aw["dtype"].replace("torch.", ""),
+        entries_never_updated={"as_written": frozen, "reference": ref_frozen, "of": total},
+        movement_norm={"as_written": num(aw_norm), "reference": num(ref_norm)},
+    )
+    notes = note_text(probe.get("notes", []))
+    dtype = ev["parameter_dtype"]
+    if bad:
+        ev["non_finite_entries"] = bad
+        return result(
+            "confirmed",
+            f"after {LONG_STEPS} steps {bad} of {total} {dtype} parameter entries are NaN or inf "
+            "(the fp32 reference stays finite)" + notes,
+            ev,
+        )
+    rel = diff_norm / ref_norm if ref_norm > 0 else math.inf
+    ev["movement_rel_error"] = num(rel)
+    summary = (
+        f"after {LONG_STEPS} steps the {dtype} parameters moved {aw_norm / ref_norm:.1%} as far as the fp32 "
+        f"reference, {frozen} of {total} entries never changed (reference: {ref_frozen})"
+        if ref_norm > 0
+        else f"after {LONG_STEPS} steps the reference did not move"
+    )
+    if rel <= tol.rtol:
+        return result(
+            "not-reproduced",
+            summary + f"; the movement matches within {pct(tol.rtol)} (relative error {pct(rel)})" + notes,
+            ev,
+        )
+    return result("confirmed", summary + f"; the movement is off by {pct(rel)} (relative error)" + notes, ev)

@@ -1,0 +1,93 @@
+"""The child's entry point (``BOOT`` runs ``main``): read the job, run each probe under its time limit,
+append one JSON result per probe to the results file. Results go to a file, so that whatever user code
+prints can never be mistaken for one."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+
+import torch
+
+from .compare import not_executable, result
+from .distributed import close_pool, drive_distributed, worker_main
+from .drivers import drive_accumulation, drive_grads, drive_half, drive_rng, drive_side_effects, drive_step
+from .loop_drivers import drive_graph, drive_loop
+from .sandbox import ProbeTimeout, VariantFailed, seed, setup_process, time_limit
+
+DRIVERS = {
+    "grads": drive_grads,
+    "side_effects": drive_side_effects,
+    "step": drive_step,
+    "accumulation": drive_accumulation,
+    "half": drive_half,
+    "loop": drive_loop,
+    "graph": drive_graph,
+    "rng": drive_rng,
+    "ddp_sync": drive_distributed,
+    "ddp_tokens": drive_distributed,
+}
+
+
+def run_probe(probe: dict, timeout: float) -> dict:
+    driver = DRIVERS.get(probe["driver"])
+    if driver is None:
+        return result("error", f"unknown probe driver {probe['driver']!r}", {})
+    started = time.perf_counter()
+    try:
+        with time_limit(timeout):
+            out = driver(probe)
+    except ProbeTimeout:
+        out = not_executable(f"the snippet did not finish within {timeout:g}s (it may loop forever)")
+    except VariantFailed as exc:
+        out = not_executable(str(exc))
+    except BaseException as exc:  # a bug in the harness
+        out = result(
+            "error",
+            f"harness error: {type(exc).__name__}: {exc}",
+            {"traceback": traceback.format_exc()[-2000:]},
+        )
+    out["elapsed_s"] = round(time.perf_counter() - started, 3)
+    return out
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] == "--worker":
+        return worker_main(argv[1:])
+    try:
+        return _main(argv)
+    finally:
+        close_pool()
+
+
+def _main(argv: list[str]) -> int:
+    spec_path, result_path = argv[0], argv[1]
+    with open(spec_path, encoding="utf-8") as fh:
+        job = json.load(fh)
+    requested = device = job["device"]
+    if device in ("auto", "cuda"):
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    # `--device cuda` on a machine without CUDA still runs, on the CPU, and every verdict says so.
+    fallback_note = (
+        "--device cuda was asked for but CUDA is not available: ran on cpu. "
+        if requested == "cuda" and device == "cpu"
+        else ""
+    )
+    setup_process(device)
+    for probe in job["probes"]:
+        with open(result_path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"id": probe["id"], "started": True}) + "\n")
+        seed(0)
+        out = run_probe(probe, float(job["timeout"]))
+        out["id"] = probe["id"]
+        out.setdefault("device", device)
+        if fallback_note:
+            out["detail"] = fallback_note + out.get("detail", "")
+        out["torch"] = torch.__version__.split("+")[0]
+        with open(result_path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(out) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+    return 0

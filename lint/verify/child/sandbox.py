@@ -1,0 +1,254 @@
+"""What protects the child from the user's code and the user's code from the child's machinery.
+
+Within the child: no network, deterministic torch on one thread, CUDA-only code redirected to the CPU,
+each program in a fresh namespace with its stdout sent to stderr (results travel through a file), a
+time limit per probe, and every exception of user code (``SystemExit`` included) turned into a
+``VariantFailed`` a driver can report. Names the harness could not bind are ``Unbound``: any use
+raises. The resource limits and the temporary working folder are set by the parent (``runner.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import signal
+import sys
+import warnings
+from collections.abc import Iterator
+
+import torch
+
+from . import capture, state
+
+
+class UnboundName(BaseException):
+    """A name the harness could not bind was used by the snippet."""
+
+
+class ProbeTimeout(BaseException):
+    pass
+
+
+class Unbound:
+    """Stand-in for a name that could not be bound: any use raises ``UnboundName``."""
+
+    touched: list[str] = []
+
+    def __init__(self, name: str) -> None:
+        object.__setattr__(self, "_tl_name", name)
+
+    def _fail(self, *args, **kwargs):
+        name = object.__getattribute__(self, "_tl_name")
+        Unbound.touched.append(name)
+        raise UnboundName(name)
+
+    def __getattr__(self, attr):
+        name = object.__getattribute__(self, "_tl_name")
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return Unbound(f"{name}.{attr}")
+
+    __call__ = _fail
+    __bool__ = _fail
+    __iter__ = _fail
+    __len__ = _fail
+    __getitem__ = _fail
+    __setitem__ = _fail
+    __index__ = _fail
+    __int__ = _fail
+    __float__ = _fail
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _fail
+    __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = __mod__ = __rmod__ = _fail
+    __pow__ = __rpow__ = __matmul__ = __rmatmul__ = __neg__ = __pos__ = _fail
+    __lt__ = __le__ = __gt__ = __ge__ = _fail
+    __eq__ = __ne__ = _fail  # ``dtype == "float16"`` must not quietly be False
+    __contains__ = _fail
+    __hash__ = object.__hash__
+    __enter__ = __exit__ = _fail
+
+    def __repr__(self) -> str:
+        return f"<unbound {object.__getattribute__(self, '_tl_name')}>"
+
+
+def setup_process(device: str) -> None:
+    state.DEVICE = device
+    state.LOW_DTYPE = torch.float16 if device == "cuda" else torch.bfloat16
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    if device == "cuda":
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    _block_network()
+    capture.install_token_counter()
+    if device == "cpu":
+        _cpu_only_patches()
+
+
+def _block_network() -> None:
+    import socket
+
+    def refuse(*args, **kwargs):
+        raise OSError("network access is disabled while trainlint runs a probe")
+
+    socket.socket.connect = refuse  # type: ignore[method-assign]
+    socket.create_connection = refuse  # type: ignore[assignment]
+    socket.getaddrinfo = refuse  # type: ignore[assignment]
+
+
+def _cpu_only_patches() -> None:
+    """Let code written for a GPU run on the CPU: ``.cuda()`` keeps tensors where they are, CUDA
+    autocast becomes CPU autocast with bf16, CUDA GradScalers become CPU ones."""
+
+    def keep(self, *args, **kwargs):
+        return self
+
+    torch.Tensor.cuda = keep  # type: ignore[method-assign]
+    torch.nn.Module.cuda = keep  # type: ignore[method-assign]
+
+    orig_to_tensor = torch.Tensor.to
+    orig_to_module = torch.nn.Module.to
+
+    def _strip(args, kwargs):
+        args = tuple("cpu" if _is_cuda(a) else a for a in args)
+        if "device" in kwargs and _is_cuda(kwargs["device"]):
+            kwargs = dict(kwargs, device="cpu")
+        return args, kwargs
+
+    def tensor_to(self, *args, **kwargs):
+        args, kwargs = _strip(args, kwargs)
+        return orig_to_tensor(self, *args, **kwargs)
+
+    def module_to(self, *args, **kwargs):
+        args, kwargs = _strip(args, kwargs)
+        return orig_to_module(self, *args, **kwargs)
+
+    torch.Tensor.to = tensor_to  # type: ignore[method-assign]
+    torch.nn.Module.to = module_to  # type: ignore[method-assign]
+
+    orig_autocast = torch.autocast
+
+    class cpu_autocast(orig_autocast):
+        def __init__(self, device_type="cpu", dtype=None, enabled=True, cache_enabled=None):
+            if device_type == "cuda":
+                device_type = "cpu"
+            if dtype in (torch.float16, None):
+                dtype = torch.bfloat16
+            super().__init__(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+    torch.autocast = cpu_autocast  # type: ignore[misc]
+    torch.amp.autocast = cpu_autocast  # type: ignore[misc]
+
+    def cuda_amp_autocast(enabled=True, dtype=torch.float16, cache_enabled=True):
+        return cpu_autocast("cpu", dtype=dtype, enabled=enabled)
+
+    torch.cuda.amp.autocast = cuda_amp_autocast  # type: ignore[assignment]
+    torch.cuda.is_available = lambda: False  # type: ignore[assignment]
+
+
+def _is_cuda(value) -> bool:
+    if isinstance(value, str):
+        return value.startswith("cuda")
+    if isinstance(value, torch.device):
+        return value.type == "cuda"
+    return False
+
+
+def seed(n: int = 0) -> None:
+    import random
+
+    random.seed(n)
+    torch.manual_seed(n)
+    try:
+        import numpy
+
+        numpy.random.seed(n)
+    except ImportError:
+        pass
+
+
+def describe_exception(exc: BaseException) -> str:
+    if isinstance(exc, UnboundName):
+        return f"uses `{exc.args[0]}`, which the harness cannot build"
+    if type(exc) is NameError and getattr(exc, "name", None):
+        return f"uses `{exc.name}`, which the harness cannot build (it is not defined in the file)"
+    if isinstance(exc, SystemExit):
+        return f"the snippet called sys.exit({exc.code!r})"
+    if isinstance(exc, KeyboardInterrupt):
+        return "the snippet raised KeyboardInterrupt"
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}".rstrip(
+        ": "
+    )
+
+
+class VariantFailed(Exception):
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(describe_exception(exc))
+        self.exc = exc
+
+
+def exec_program(code: str, filename: str) -> dict:
+    """Execute a variant program in a fresh namespace (user stdout goes to stderr). Its text is put
+    in ``linecache`` so that ``inspect.getsource`` works (``torch.jit.script`` needs it). Any error
+    of the user's carried code is raised as ``VariantFailed``."""
+    import linecache
+
+    # imported here: the surface imports every module of the child, this one included
+    surface = importlib.import_module(f"{__package__}.surface")
+    ns: dict = {"__name__": "__trainlint_probe__", "__tl__": surface}
+    Unbound.touched.clear()
+    capture.hit_counts.clear()
+    capture.records.clear()
+    capture.batch_valid.clear()
+    capture.tokens_seen.clear()
+    filename = f"<trainlint-probe-{filename.strip('<>')}>"
+    linecache.cache[filename] = (len(code), None, code.splitlines(keepends=True), filename)
+    try:
+        compiled = compile(code, filename, "exec")
+        with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            exec(compiled, ns)
+    except ProbeTimeout:
+        raise
+    except BaseException as exc:
+        raise VariantFailed(exc) from exc
+    if Unbound.touched:
+        raise VariantFailed(UnboundName(Unbound.touched[0]))
+    return ns
+
+
+def call_user(fn, *args, **kwargs):
+    """Run user code: stdout is redirected (probe results travel separately) and any exception,
+    SystemExit included, is wrapped."""
+    try:
+        with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            value = fn(*args, **kwargs)
+    except ProbeTimeout:
+        raise
+    except BaseException as exc:
+        raise VariantFailed(exc) from exc
+    if Unbound.touched:
+        raise VariantFailed(UnboundName(Unbound.touched[0]))
+    return value, [str(w.message) for w in caught]
+
+
+def is_binding(exc: VariantFailed) -> bool:
+    return isinstance(exc.exc, UnboundName | SystemExit) or (
+        type(exc.exc) is NameError and bool(getattr(exc.exc, "name", None))
+    )
+
+
+def _alarm(signum, frame):
+    raise ProbeTimeout()
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Raise ``ProbeTimeout`` in the code run inside once ``seconds`` have passed."""
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)

@@ -1,0 +1,105 @@
+"""What a probe program reaches as ``__tl__`` (the programs are written by ``trainlint.verify``'s
+probe builders: ``__tl__.layer("Linear")``, ``__tl__.DEVICE``...). Every name a builder may write is
+here; the settings that change after import are read through ``__getattr__`` so they are current."""
+
+from __future__ import annotations
+
+from . import state
+from .capture import (
+    begin_micro,
+    begin_run,
+    count,
+    counting_pass,
+    hit,
+    iteration,
+    record,
+    snapshot,
+    token_weight,
+    watch,
+)
+from .distributed import all_ranks_batch, ddp, global_count, rank_batch
+from .sandbox import Unbound, seed
+from .standins import (
+    LONG_STEPS,
+    STEPS,
+    Backward,
+    Config,
+    D,
+    Loader,
+    NoOp,
+    NullContext,
+    Output,
+    TinyLM,
+    arg,
+    census,
+    concat_batches,
+    data,
+    layer,
+    layers,
+    loss,
+    micro_loss,
+    param,
+    place,
+    scaler,
+    sequential,
+    set_on,
+    tiny_model,
+    token_batches,
+    zero,
+    zero_all,
+)
+
+_LIVE = ("DEVICE", "LOW_DTYPE", "RANK", "WORLD")
+
+
+def __getattr__(name: str):
+    if name in _LIVE:
+        return getattr(state, name)
+    raise AttributeError(name)
+
+
+__all__ = [
+    "LONG_STEPS",
+    "STEPS",
+    "Backward",
+    "Config",
+    "D",
+    "Loader",
+    "NoOp",
+    "NullContext",
+    "Output",
+    "TinyLM",
+    "Unbound",
+    "all_ranks_batch",
+    "arg",
+    "begin_micro",
+    "begin_run",
+    "census",
+    "concat_batches",
+    "count",
+    "counting_pass",
+    "data",
+    "ddp",
+    "global_count",
+    "hit",
+    "iteration",
+    "layer",
+    "layers",
+    "loss",
+    "micro_loss",
+    "param",
+    "place",
+    "rank_batch",
+    "record",
+    "scaler",
+    "seed",
+    "sequential",
+    "set_on",
+    "snapshot",
+    "tiny_model",
+    "token_batches",
+    "token_weight",
+    "watch",
+    "zero",
+    "zero_all",
+]

@@ -1,0 +1,378 @@
+"""Probes of the mixed-precision rules: clip before unscale (TL101), loss-scaling order (TL102-TL104),
+16-bit parameters (TL105)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import libcst as cst
+
+from trainlint.model import (
+    FileModel,
+    dotted,
+    exclusive,
+    first_arg,
+    in_loop,
+    innermost_loop,
+    keyword,
+    positional,
+    receiver,
+    walk,
+)
+from trainlint.model.training import is_optimizer_class
+from trainlint.model.vocab import CLIP_FUNCTIONS, GRAD_SCALERS, MODULE_CHAIN
+from trainlint.rules.amp.tl101_clip_before_unscale import ClipBeforeUnscale
+from trainlint.rules.amp.tl102_step_bypasses_scaler import StepBypassesScaler
+from trainlint.rules.amp.tl103_scaler_update_per_microstep import ScalerUpdatePerMicrostep
+from trainlint.rules.amp.tl104_unscale_twice import UnscaleTwice
+from trainlint.rules.amp.tl105_half_instead_of_autocast import HalfInsteadOfAutocast
+from trainlint.verify.context import ProbeContext, insert_after, insert_before, replace_node
+from trainlint.verify.loops import build_loop
+from trainlint.verify.probes._common import backward_for, flagged_call, loop_probe, small_statement
+from trainlint.verify.source import NotExecutable, analyse_names, call_site_at, indent
+from trainlint.verify.window import (
+    Binder,
+    optimizer_construction,
+    parameters_receivers,
+    step_window,
+    window_code,
+)
+
+UPDATE_WITHOUT_STEP = "No inf checks were recorded prior to update"
+
+UNSCALED_TWICE = "unscale_() has already been called on this optimizer since the last update()"
+
+
+# --------------------------------------------------------------------------------------------------
+# TL101: clip before unscale
+
+
+def _loss_binding(model: FileModel, expr: cst.BaseExpression, value: str) -> tuple[str, str]:
+    """(name bound per step, the line that binds it) for the loss inside ``scaler.scale(expr)``."""
+    node = expr
+    while True:
+        if isinstance(node, cst.BinaryOperation):
+            node = node.left
+        elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and not node.args:
+            node = node.func.value  # loss.float(), loss.mean()
+        elif isinstance(node, cst.Subscript):
+            node = node.value
+        else:
+            break
+    if isinstance(node, cst.Name):
+        return node.value, f"{node.value} = {value}"
+    if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name):
+        return node.value.value, f"{node.value.value} = __tl__.Output({node.attr.value}={value})"
+    raise NotExecutable(f"the scaled loss `{model.code(expr)}` is not a name the probe can bind")
+
+
+def _model_roles(model: FileModel, scope, exprs: list[cst.CSTNode], roles: dict[str, str]) -> None:
+    for expr in exprs:
+        for key in parameters_receivers(expr):
+            roles.setdefault(key, "__tl_model__")
+    # names bound to parameter lists of the model (params = list(model.parameters()))
+    for expr in exprs:
+        for node in walk(expr):
+            if isinstance(node, cst.Name) and node.value not in roles:
+                for value in model.values_of(node, scope):
+                    if parameters_receivers(value):
+                        roles[node.value] = "list(__tl_model__.parameters())"
+
+
+def _step_optimizer_role(
+    model: FileModel, scope, step_call: cst.Call, roles: dict[str, str], notes: list[str]
+) -> list[cst.CSTNode]:
+    """The role of the optimizer ``scaler.step`` steps, built as the file builds it over the probe's
+    model (SGD when its construction is not in this function); returns the construction it used."""
+    optimizer_expr = first_arg(step_call, "optimizer")
+    optimizer_key = dotted(optimizer_expr) if optimizer_expr is not None else None
+    if not optimizer_key:
+        return []
+    built = [c for c, callee in model.call_values(optimizer_expr, scope) if is_optimizer_class(callee)]
+    if not built:
+        roles[optimizer_key] = "__tl_torch__.optim.SGD(__tl_model__.parameters(), lr=0.1)"
+        notes.append(f"`{optimizer_key}` built as SGD(lr=0.1): its construction is not in this function")
+        return []
+    code, described = optimizer_construction(model, built[-1], scope, "__tl_model__.parameters()")
+    roles[optimizer_key] = code
+    notes.append(f"optimizer {described}")
+    return [built[-1]]
+
+
+def _step_program(binder: Binder, window: str, loss_name: str, loss_line: str) -> str:
+    """The program of one TL101 variant: a few steps of the window on the tiny model, the loss bound
+    per step; ``binder`` holds the variant's roles and binds every other free name."""
+    role_names = [
+        n for r in binder.roles.values() for n in analyse_names(f"_ = {r}\n").free if not n.startswith("__tl")
+    ]
+    binder.bind([n for n in dict.fromkeys(role_names) if n not in binder.roles], [])
+    names = analyse_names(window)
+    free = [n for n in names.free if n != loss_name and not n.startswith("__tl")]
+    binder.bind(free, names.attrs)
+    assert binder.carry is not None
+    return (
+        "import torch as __tl_torch__\n"
+        + binder.carry.code()
+        + "__tl__.seed(0)\n__tl_model__ = __tl__.tiny_model()\n"
+        + "".join(line + "\n" for line in binder.lines)
+        + "__tl_before__ = __tl__.snapshot(__tl_model__)\n"
+        + "for __tl_step__ in range(__tl__.STEPS):\n"
+        + "    __tl__.zero(__tl_model__)\n"
+        + f"    {loss_line}\n"
+        + indent(window)
+        + "__tl_after__ = __tl__.snapshot(__tl_model__)\n"
+    )
+
+
+def tl101(ctx: ProbeContext) -> dict[str, Any]:
+    """The step window as written (scaled backward → clip → scaler.step) vs the same window with the
+    scaler disabled (a plain fp32 step), and with the fix (``unscale_`` before the clip)."""
+    model = ctx.model
+    clip = call_site_at(model, ctx.finding, lambda s: model.callee(s) in CLIP_FUNCTIONS)
+    backward = ctx.related(ClipBeforeUnscale.SCALED_BACKWARD)
+    if backward.scope is not clip.scope:
+        raise NotExecutable("the scaled backward is in another function than the clip")
+    training = model.training
+    steps = [
+        e
+        for e in training.events_in(clip.scope, "scaler_step")
+        if e.order > clip.order and not exclusive(e.site.frames, clip.frames)
+    ]
+    if not steps:
+        raise NotExecutable("no `scaler.step(...)` after the clip in this function")
+    step = steps[0]
+    regions = step_window(ctx.tree, backward.node, clip.node, step.site.node)
+    scale_call = receiver(backward.node)  # type: ignore[arg-type]
+    assert isinstance(scale_call, cst.Call)
+    scaler_key = dotted(receiver(scale_call)) or "scaler"
+    scale_args = positional(scale_call)
+    if not scale_args:
+        raise NotExecutable("`scale()` without a loss argument")
+    loss_name, loss_line = _loss_binding(model, scale_args[0], "__tl__.loss(__tl_model__, __tl_step__)")
+    roles: dict[str, str] = {}
+    notes: list[str] = []
+    opt_exprs = _step_optimizer_role(model, clip.scope, step.call, roles, notes)
+    enabled = "True"
+    for call, callee in model.call_values(receiver(scale_call), clip.scope):  # type: ignore[arg-type]
+        if callee in GRAD_SCALERS:
+            kw = keyword(call, "enabled")
+            if kw is not None:
+                enabled = model.code(kw.value)
+    source = model.source
+    wrap = [insert_before(model, clip.node, "__tl__.record('clip', "), insert_after(model, clip.node, ")")]
+    windows = {
+        "as_written": window_code(source, regions, wrap),
+        "reference": window_code(source, regions, wrap),
+    }
+    if ctx.finding.fix is not None:
+        windows["fixed"] = window_code(source, regions, ctx.fix_edits())
+    _model_roles(model, clip.scope, [clip.node, *opt_exprs], roles)
+    programs: dict[str, str] = {}
+    for name, window in windows.items():
+        scaler_value = f"__tl__.scaler(enabled={'False' if name == 'reference' else f'({enabled})'})"
+        binder = Binder(model, clip.scope, roles={**roles, scaler_key: scaler_value})
+        programs[name] = _step_program(binder, window, loss_name, loss_line)
+        if name == "as_written":
+            notes.extend(binder.notes)
+    return {
+        "driver": "step",
+        "programs": programs,
+        "notes": notes,
+        "what": "clip",
+        "enabled": enabled,
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# TL102: optimizer.step() after a scaled backward
+
+
+def tl102(ctx: ProbeContext) -> dict[str, Any]:
+    """The loop as written (``optimizer.step()`` on scaled gradients) vs ``scaler.step(optimizer)``
+    with an ``update()``; the last iterations' loss overflows under the loss scale, as fp16 gradients
+    do when the scale is too large: ``scaler.step`` skips that step, a direct step applies it."""
+    model = ctx.model
+    step = flagged_call(ctx, "step")
+    backward = ctx.related(StepBypassesScaler.SCALED_BACKWARD)
+    training = model.training
+    scaler_key = next(
+        (e.key for e in training.events_in(backward.scope, "scaled_backward") if e.site is backward), None
+    )
+    optimizer = dotted(receiver(step.node))  # type: ignore[arg-type]
+    if not scaler_key or not optimizer:
+        raise NotExecutable("the scaler or the optimizer is not a plain name")
+    updates = [
+        e
+        for e in training.events_in(step.scope, "update")
+        if e.key == scaler_key and e.order > step.order and not exclusive(e.site.frames, step.frames)
+    ]
+    call = step.node
+    assert isinstance(call, cst.Call)
+    args = [optimizer, *(model.code(a) for a in call.args)]
+    documented = f"{scaler_key}.step({', '.join(args)})"
+    if not updates:
+        small_statement(ctx, step)
+        documented += f"; {scaler_key}.update()"
+    window = build_loop(ctx, step, backward, [])
+    variants = {
+        "reference": [replace_node(model, call, documented)],
+        "as_written": [],
+    }
+    if ctx.finding.fix is not None:
+        variants["fixed"] = ctx.fix_edits()
+    probe = loop_probe(window, variants, expect=(UPDATE_WITHOUT_STEP,), overflow=True)
+    return probe
+
+
+# --------------------------------------------------------------------------------------------------
+# TL103: scaler.update() on every micro-step
+
+
+def tl103(ctx: ProbeContext) -> dict[str, Any]:
+    """The loop as written vs ``update()`` moved right after ``scaler.step`` under the accumulation
+    condition; an enabled scaler raises on the first micro-step that has nothing to update."""
+    model = ctx.model
+    update = flagged_call(ctx, "update")
+    step = ctx.related(ScalerUpdatePerMicrostep.SCALER_STEP)
+    backward = backward_for(ctx, update)
+    window = build_loop(ctx, update, backward, [step])
+    small = small_statement(ctx, step)
+    variants = {
+        "reference": [
+            replace_node(model, update.node, "None"),
+            insert_after(model, small, f"; {model.code(update.node)}"),
+        ],
+        "as_written": [],
+    }
+    return loop_probe(window, variants, expect=(UPDATE_WITHOUT_STEP,))
+
+
+# --------------------------------------------------------------------------------------------------
+# TL104: unscale_ twice before update()
+
+
+def tl104(ctx: ProbeContext) -> dict[str, Any]:
+    """The loop as written vs one ``unscale_`` per ``update()``: the second call raises the documented
+    RuntimeError when the scaler is enabled."""
+    model = ctx.model
+    unscale = flagged_call(ctx, "unscale_")
+    backward = backward_for(ctx, unscale)
+    try:
+        first = ctx.related(UnscaleTwice.FIRST)
+    except NotExecutable:
+        first = None
+    if first is not None:
+        window = build_loop(ctx, unscale, backward, [first])
+        variants = {"reference": [replace_node(model, unscale.node, "None")], "as_written": []}
+        if ctx.finding.fix is not None:
+            variants["fixed"] = ctx.fix_edits()
+        return loop_probe(window, variants, expect=(UNSCALED_TWICE,))
+    # every micro-step: the documented order unscales once, right before the step
+    update = ctx.related(UnscaleTwice.UPDATE)
+    training = model.training
+    steps = [
+        e.site
+        for e in training.events_in(unscale.scope, "scaler_step")
+        if e.key == dotted(receiver(unscale.node))
+        and not exclusive(e.site.frames, update.frames)  # type: ignore[arg-type]
+        and innermost_loop(e.site) is not None
+        and in_loop(e.site, innermost_loop(unscale))  # type: ignore[arg-type]
+    ]
+    if not steps:
+        raise NotExecutable("no `scaler.step(...)` in the loop of the flagged `unscale_`")
+    small = small_statement(ctx, steps[0])
+    window = build_loop(ctx, unscale, backward, [update, steps[0]])
+    variants = {
+        "reference": [
+            replace_node(model, unscale.node, "None"),
+            insert_before(model, small, f"{model.code(unscale.node)}; "),
+        ],
+        "as_written": [],
+    }
+    return loop_probe(window, variants, expect=(UNSCALED_TWICE,))
+
+
+# --------------------------------------------------------------------------------------------------
+# TL105: training 16-bit parameters
+
+
+def _chain_root(call: cst.BaseExpression) -> cst.BaseExpression:
+    """``Net()`` in ``Net().cuda().half()``, ``model`` in ``model.to(device, dtype=...)``."""
+    node = call
+    while (
+        isinstance(node, cst.Call)
+        and isinstance(node.func, cst.Attribute)
+        and node.func.attr.value in MODULE_CHAIN
+    ):
+        node = node.func.value
+    return node
+
+
+def tl105(ctx: ProbeContext) -> dict[str, Any]:
+    """The converted model trained for a few dozen small steps by the user's optimizer vs the same
+    model kept in fp32 with an autocast forward; compares how far the parameters moved."""
+    model = ctx.model
+    training = model.training
+    conversion = call_site_at(
+        model,
+        ctx.finding,
+        lambda s: training.low_precision_conversion(s.node, s.scope),  # type: ignore[arg-type]
+    )
+    optimizer_site = ctx.related(HalfInsteadOfAutocast.OPTIMIZER)
+    call = conversion.node
+    assert isinstance(call, cst.Call)
+    root = _chain_root(call)
+    call_code = model.code(call)
+    root_code = model.code(root)
+    if not call_code.startswith(root_code):
+        raise NotExecutable("the converted module expression is not a simple chain")
+    converted = "__tl_model__" + call_code[len(root_code) :]
+    opt_call = optimizer_site.node
+    assert isinstance(opt_call, cst.Call)
+    opt_code, described = optimizer_construction(
+        model, opt_call, optimizer_site.scope, "__tl_model__.parameters()", strict=True
+    )
+    notes = [f"optimizer {described}"]
+    uses_scaler = any(
+        e.site.scope in (optimizer_site.scope, conversion.scope) for e in training.of_kind("scaled_backward")
+    )
+    programs = {}
+    for name in ("as_written", "reference"):
+        roles = {
+            n: "__tl__.DEVICE" for n in analyse_names(f"_ = {converted}\n").free if "device" in n.lower()
+        }
+        binder = Binder(model, conversion.scope, roles=roles)
+        free = [
+            n for n in analyse_names(f"_ = {converted}\n_ = {opt_code}\n").free if not n.startswith("__tl")
+        ]
+        binder.bind(free, [])
+        assert binder.carry is not None
+        lines = [
+            "import torch as __tl_torch__",
+            binder.carry.code().rstrip("\n"),
+            "__tl__.seed(0)",
+            "__tl_model__ = __tl__.tiny_model()",
+            *binder.lines,
+        ]
+        if name == "as_written":
+            lines.append(f"__tl_model__ = {converted}")
+        lines.append(f"__tl_optimizer__ = {opt_code}")
+        if uses_scaler:
+            lines.append("__tl_scaler__ = __tl__.scaler(True)")
+        lines.append("__tl_before__ = __tl__.snapshot(__tl_model__)")
+        lines.append("for __tl_step__ in range(__tl__.LONG_STEPS):")
+        lines.append("    __tl__.zero(__tl_model__)")
+        lines.append("    __tl_loss__ = __tl__.loss(__tl_model__, __tl_step__ % 4, growing=False)")
+        if uses_scaler:
+            lines.append("    __tl_scaler__.scale(__tl_loss__).backward()")
+            lines.append("    __tl_scaler__.step(__tl_optimizer__)")
+            lines.append("    __tl_scaler__.update()")
+        else:
+            lines.append("    __tl_loss__.backward()")
+            lines.append("    __tl_optimizer__.step()")
+        lines.append("__tl_after__ = __tl__.snapshot(__tl_model__)")
+        lines.append("__tl_dtype__ = str(next(__tl_model__.parameters()).dtype)")
+        programs[name] = "\n".join(line for line in lines if line) + "\n"
+    if uses_scaler:
+        notes.append("with the file's GradScaler")
+    return {"driver": "half", "programs": programs, "notes": notes}

@@ -1,0 +1,1 @@
+"""TL3xx: gradient accumulation and the loss (normalisation over the accumulation window)."""

@@ -1,0 +1,1 @@
+"""TL2xx: activation checkpointing (``torch.utils.checkpoint``)."""

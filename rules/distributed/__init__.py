@@ -1,0 +1,1 @@
+"""TL5xx: data parallelism (gradient synchronisation during accumulation, global token normalisation)."""
