@@ -6,6 +6,13 @@ severity overrides, the prefilter switch); the fingerprint hashes trainlint's ow
 the Python and libcst versions. Anything that can change a finding changes the key, so entries are
 never invalidated in place: a changed file, rule selection or configuration simply looks up another key.
 
+The cache is trusted by whoever reads it, so it never lives where the linted code's author can write:
+by default it is a per-user folder (``$XDG_CACHE_HOME/trainlint`` or ``~/.cache/trainlint``), one
+subfolder per real project root. Keys are also salted with a per-user secret kept there, so even a
+cache folder inside the repository (``--cache-dir``) cannot be planted with entries a run would read.
+Links and non-regular files in the cache are never followed or read, reads are size-capped, and a
+folder that is a link, not a folder, or someone else's is refused (the run goes on without a cache).
+
 Entries are written by whoever linted the file (a worker process or the main one), from the very text
 it linted, to a temporary file renamed into place: concurrent runs never read half an entry, and two
 runs writing the same key write the same content. A damaged or unreadable entry is a miss, and a
@@ -18,8 +25,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import hmac
 import json
 import os
+import stat
 import sys
 import time
 from pathlib import Path
@@ -27,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainlint import __version__
 from trainlint.files import read_source
+from trainlint.model.project import dependency_key
 from trainlint.rule import Finding
 
 if TYPE_CHECKING:
@@ -35,10 +45,14 @@ if TYPE_CHECKING:
 Job = tuple[str, str, "LintOptions"]
 Outcome = tuple["FileResult", "str | None"]
 
-FORMAT = 3  # bump when the entry layout changes
+FORMAT = 4  # bump when the entry layout changes
 STALE_AFTER_S = 7 * 24 * 3600
+MAX_ENTRY_BYTES = 4 * 1024 * 1024  # an entry is findings of one file of at most 2 MiB
+MAX_IDS_BYTES = 64 * 1024
 _MARKER = ".last-used"
 _RULE_IDS = "rule-ids.json"
+_SECRET = "secret"
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _PREPARED: set[str] = set()  # cache folders this process has set up
 
 
@@ -73,8 +87,99 @@ def code_fingerprint() -> str:
     return digest.hexdigest()
 
 
-def entry_key(fingerprint: str, shown: str, options: LintOptions, text: str) -> str:
-    digest = _options_digest(fingerprint, options).copy()
+def frame_text(path: str, findings: list[Finding], text: str) -> str | None:
+    """The text code frames are drawn from, or None: none when there is nothing to draw, and none for
+    TL901/TL902 of a file reached through a link (the frame would print bytes the file does not own,
+    such as a key a committed link points at)."""
+    if not findings:
+        return None
+    if os.path.islink(path) and any(f.rule in ("TL901", "TL902") for f in findings):
+        return None
+    return text
+
+
+def user_cache_base() -> Path | None:
+    """``$XDG_CACHE_HOME/trainlint`` (an absolute one only, as the XDG spec says), else
+    ``~/.cache/trainlint``; None when there is no home folder."""
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    try:
+        base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
+    except RuntimeError:  # no HOME and no password entry
+        return None
+    return base / "trainlint"
+
+
+def default_cache_dir(project_root: Path) -> Path | None:
+    """The default cache folder of a project: per user, keyed by the project's real root."""
+    base = user_cache_base()
+    if base is None:
+        return None
+    real = os.path.realpath(project_root)
+    return base / "projects" / hashlib.sha256(os.fsencode(real)).hexdigest()[:16]
+
+
+def folder_problem(path: Path) -> str | None:
+    """Why ``path`` cannot hold cache data (a link, not a folder, another user's), or None. A folder
+    that does not exist yet is fine: it is created on the first write."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot examine it: {(exc.strerror or type(exc).__name__).lower()}"
+    if stat.S_ISLNK(info.st_mode):
+        return "it is a symbolic link"
+    if not stat.S_ISDIR(info.st_mode):
+        return "it is not a folder"
+    if hasattr(os, "getuid") and info.st_uid != os.getuid():
+        return "it belongs to another user"
+    return None
+
+
+def read_capped(path: str | Path, limit: int, dir_fd: int | None = None) -> bytes | None:
+    """A regular file's bytes, never following a link and never more than ``limit``; None otherwise."""
+    flags = os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+    try:
+        fd = os.open(path, flags, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+            return None
+        data = os.read(fd, limit + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return data if len(data) <= limit else None
+
+
+@functools.cache
+def user_secret() -> bytes:
+    """The per-user key that salts every cache key, created once in the user cache folder (mode
+    0600). When it cannot be kept, a fresh one per process: the cache then never hits, but nothing
+    anyone else wrote is ever read."""
+    base = user_cache_base()
+    if base is None or folder_problem(base) is not None:
+        return os.urandom(32)
+    path = base / _SECRET
+    secret = read_capped(path, 64)
+    if secret is not None and len(secret) == 32:
+        return secret
+    fresh = os.urandom(32)
+    with contextlib.suppress(OSError):
+        base.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(fresh)
+        return fresh
+    secret = read_capped(path, 64)  # another run created it first
+    return secret if secret is not None and len(secret) == 32 else fresh
+
+
+def entry_key(fingerprint: str, shown: str, options: LintOptions, text: str, secret: bytes = b"") -> str:
+    digest = _options_digest(fingerprint, options, secret).copy()
     digest.update(shown.encode("utf-8", "surrogatepass"))
     digest.update(b"\0")
     digest.update(text.encode("utf-8", "surrogatepass"))
@@ -82,30 +187,71 @@ def entry_key(fingerprint: str, shown: str, options: LintOptions, text: str) -> 
 
 
 @functools.lru_cache(maxsize=256)
-def _options_digest(fingerprint: str, options: LintOptions) -> Any:
+def _options_digest(fingerprint: str, options: LintOptions, secret: bytes = b"") -> Any:
     """The hash state after the parts shared by every file linted with these options."""
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(secret)
     for part in (fingerprint, repr(options)):
         digest.update(part.encode("utf-8", "surrogatepass"))
         digest.update(b"\0")
     return digest
 
 
+def open_cache(given: str | None, project_root: Path) -> ResultCache | None:
+    """The cache of this run: ``given`` (``--cache-dir``) or the per-user default; None, with one
+    warning line on stderr, when the folder is refused."""
+    folder = Path(given) if given else default_cache_dir(project_root)
+    if folder is None:
+        return None
+    cache = ResultCache(folder)
+    problem = cache.problem()
+    if problem is not None:
+        from trainlint.report.escape import escape_controls
+
+        warning = f"not using the cache folder {folder}: {problem}"
+        print(f"trainlint: warning: {escape_controls(warning)}", file=sys.stderr)
+        return None
+    return cache
+
+
 class ResultCache:
     """Lookups happen in the main process; ``store`` runs wherever the file was linted. Picklable."""
 
-    def __init__(self, folder: Path, fingerprint: str | None = None) -> None:
+    def __init__(self, folder: Path, fingerprint: str | None = None, secret: bytes | None = None) -> None:
         self.folder = Path(folder)
         self.fingerprint = fingerprint or code_fingerprint()
+        self.secret = user_secret() if secret is None else secret
         self.root = self.folder / self.fingerprint[:16]
         self._root = str(self.root)
 
+    def problem(self) -> str | None:
+        """Why this cache must not be used (its folder or version folder is a link, a file, another
+        user's), or None."""
+        for folder in (self.folder, self.root):
+            problem = folder_problem(folder)
+            if problem is not None:
+                return problem if folder == self.folder else f"{folder.name}: {problem}"
+        return None
+
     # -- reading -------------------------------------------------------------------------------------
     def key(self, job: Job, text: str) -> str:
-        return entry_key(self.fingerprint, job[1], job[2], text)
+        # a finding may rest on other project files' facts (the project index): their digest counts
+        facts = dependency_key(job[0], text, self.root / "summaries")
+        return entry_key(self.fingerprint, job[1], job[2], f"{text}\0{facts}" if facts else text, self.secret)
 
     def _file(self, key: str) -> str:
         return os.path.join(self._root, key[:2], key + ".json")
+
+    def _read(self, key: str) -> bytes | None:
+        """An entry's bytes, reached through no link at any level below the cache folder."""
+        flags = os.O_RDONLY | _NOFOLLOW | getattr(os, "O_DIRECTORY", 0)
+        try:
+            folder = os.open(os.path.join(self._root, key[:2]), flags)
+        except OSError:
+            return None
+        try:
+            return read_capped(key + ".json", MAX_ENTRY_BYTES, dir_fd=folder)
+        finally:
+            os.close(folder)
 
     def get(self, job: Job) -> Outcome | None:
         """The cached outcome of linting ``job``'s file as it is now on disk, or None."""
@@ -114,25 +260,38 @@ class ResultCache:
         text = read_source(Path(job[0])).text  # safe on FIFOs, huge files, undecodable bytes
         if text is None:
             return None  # unreadable: linted (and reported) afresh, never cached
+        data = self._read(self.key(job, text))
+        if data is None:
+            return None
         try:
-            with open(self._file(self.key(job, text)), encoding="utf-8") as handle:
-                payload = json.load(handle)
+            payload = json.loads(data)
             findings = [Finding.from_json(f) for f in payload["findings"]]
             errors = [Problem.from_cache(e) for e in payload["errors"]]
             result = FileResult(job[1], findings, errors, payload["parsed"])
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             return None
         # the text is only needed for code frames (and fixes) when there are findings
-        return result, (text if findings else None)
+        return result, frame_text(job[0], findings, text)
+
+    def _ids_mac(self, ids: list[str]) -> str:
+        message = json.dumps([self.fingerprint, ids]).encode()
+        return hmac.new(self.secret, message, hashlib.sha256).hexdigest()
 
     def recorded_rule_ids(self) -> tuple[str, ...] | None:
-        """The rule ids an earlier run of this very code recorded here (see ``record_rule_ids``)."""
+        """The rule ids an earlier run of this very code recorded here (see ``record_rule_ids``):
+        only a record signed with this user's secret, and one that still has the engine's own rules,
+        so a planted record can never narrow the selection."""
+        data = read_capped(self.root / _RULE_IDS, MAX_IDS_BYTES)
         try:
-            with open(self.root / _RULE_IDS, encoding="utf-8") as handle:
-                ids = json.load(handle)
-        except (OSError, ValueError):
+            payload = json.loads(data) if data is not None else None
+            ids, mac = payload["ids"], payload["mac"]
+        except (ValueError, TypeError, KeyError, RecursionError):
             return None
-        if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            return None
+        if not isinstance(mac, str) or not hmac.compare_digest(mac, self._ids_mac(ids)):
+            return None
+        if not {"TL901", "TL902"} <= set(ids):
             return None
         return tuple(ids)
 
@@ -144,7 +303,7 @@ class ResultCache:
             return
         with contextlib.suppress(OSError):
             self._prepare()
-            self._write_json(self.root / _RULE_IDS, list(ids))
+            self._write_json(self.root / _RULE_IDS, {"ids": list(ids), "mac": self._ids_mac(list(ids))})
 
     def store(self, job: Job, text: str, result: FileResult) -> None:
         """Record the outcome of linting ``text`` (exactly what was linted, not the file as it is now)."""
@@ -158,8 +317,10 @@ class ResultCache:
         target = self._file(self.key(job, text))
         try:
             self._prepare()
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            self._write_json(target, payload)
+            folder = os.path.dirname(target)
+            os.makedirs(folder, exist_ok=True)
+            if folder_problem(Path(folder)) is None:  # never write through a planted link
+                self._write_json(target, payload)
         except OSError:
             pass  # a read-only or full disk only costs speed
 
@@ -179,29 +340,39 @@ class ResultCache:
             raise
 
     def _prepare(self) -> None:
-        """Once per process that writes: the folder's .gitignore, the use marker, stale versions."""
-        if str(self.root) in _PREPARED:
+        """Once per process that writes: checks, the folder's .gitignore, the use marker, stale
+        versions. Raises ``OSError`` when the folders are not safe to write into."""
+        if os.path.abspath(self.root) in _PREPARED:  # absolute: the working folder may change
             return
-        _PREPARED.add(str(self.root))
-        self.root.mkdir(parents=True, exist_ok=True)
-        gitignore = self.folder / ".gitignore"
-        if not gitignore.exists():
-            gitignore.write_text("*\n", encoding="utf-8")
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        problem = self.problem()
+        if problem is not None:
+            raise OSError(problem)
+        _PREPARED.add(os.path.abspath(self.root))
+        with contextlib.suppress(OSError):  # O_EXCL: never through a (dangling) link, never twice
+            fd = os.open(self.folder / ".gitignore", os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write("*\n")
         marker = self.root / _MARKER
         now = time.time()
         try:
-            fresh = now - marker.stat().st_mtime < 3600
+            fresh = now - os.lstat(marker).st_mtime < 3600
         except OSError:
             fresh = False
         if fresh:
             return
-        marker.touch()
+        with contextlib.suppress(OSError):
+            os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | _NOFOLLOW, 0o644))
+            os.utime(marker, follow_symlinks=False)
+        self._remove_stale(now)
+
+    def _remove_stale(self, now: float) -> None:
         with os.scandir(self.folder) as entries:
             for entry in entries:
                 if entry.name == self.root.name or not entry.is_dir(follow_symlinks=False):
                     continue
                 try:
-                    last = os.stat(os.path.join(entry.path, _MARKER)).st_mtime
+                    last = os.lstat(os.path.join(entry.path, _MARKER)).st_mtime
                 except OSError:
                     continue  # not one of ours: leave it alone
                 if now - last > STALE_AFTER_S:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -13,25 +14,27 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from trainlint import __version__
-from trainlint.cache import Job, Outcome, ResultCache
+from trainlint.cache import Job, Outcome, ResultCache, frame_text, open_cache
 from trainlint.config import (
     Config,
     ConfigError,
+    ConfigResolver,
     check_selectors,
     find_config,
-    ignored_for_file,
-    load_config,
+    rule_ids_for_file,
     select_rules,
 )
-from trainlint.files import DEFAULT_EXCLUDES, discover, read_source
+from trainlint.files import MAX_SOURCE_BYTES, discover, display_path, is_excluded, read_source
+from trainlint.notebook import MAX_NOTEBOOK_BYTES
+from trainlint.notebook import SUFFIX as NOTEBOOK
+from trainlint.procs import Terminated, discard_stdout, init_worker, sigterm_unwinds
 from trainlint.report import REPORTERS, OutputOptions, RunReport, make_console
+from trainlint.report.escape import escape_controls
 from trainlint.results import FileResult, LintOptions, Problem, ProblemKind, internal_error
-from trainlint.rule import registry, use_known_ids
+from trainlint.rule import Finding, registry, use_known_ids
 
 if TYPE_CHECKING:
     import multiprocessing.context
-
-    from rich.console import Console
 
     from trainlint.fix import FixOutcome
 
@@ -39,8 +42,15 @@ if TYPE_CHECKING:
 # are imported where a file is really linted or findings are drawn.
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+_PENDING_EXIT: list[int] = []  # the exit code of a run whose output is being printed
+# PyTorch is not a dependency: the extra would pull the multi-GB CUDA build. Say what works instead.
+TORCH_HINT = (
+    "--verify needs PyTorch in this environment; install it first, e.g. the CPU build: "
+    "pip install torch --index-url https://download.pytorch.org/whl/cpu "
+    "(or the build for your GPU, see https://pytorch.org/get-started/locally/)"
+)
 # A first argument naming one of these runs that tool instead of the linter (see the --help epilog).
-SUBCOMMANDS = {"memory": "trainlint.memory.cli", "run": "trainlint.run.cli"}
+SUBCOMMANDS = {"memory": "trainlint.memory.cli", "run": "trainlint.run.cli", "server": "trainlint.lsp.server"}
 
 
 class UsageError(Exception):
@@ -68,8 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="commands:\n"
         "  trainlint memory ARGS...  the memory bill of a training setup (see `trainlint memory --help`)\n"
         "  trainlint run ARGS...     watch your own training run (see `trainlint run --help`)\n"
-        "Only a first argument of exactly `memory` or `run` starts a command; to lint a file or folder\n"
-        "of that name, write ./memory or ./run.",
+        "  trainlint server          a language server for editors (see `trainlint server --help`)\n"
+        "Only a first argument of exactly `memory`, `run` or `server` starts a command; to lint a file\n"
+        "or folder of that name, write ./memory, ./run or ./server.",
         formatter_class=_HelpFormatter,
     )
     p.add_argument("paths", nargs="*", help="files or folders to lint (default: .); '-' reads stdin")
@@ -81,16 +92,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--diff", action="store_true", help="print the fixes as a unified diff; change nothing")
     p.add_argument("--unsafe-fixes", action="store_true", help="also apply or show unsafe fixes")
     p.add_argument(
-        "--verify", action="store_true", help="run the runtime check on findings that have a probe"
+        "--verify",
+        action="store_true",
+        help="run the runtime check on findings that have a probe; this RUNS THE REPOSITORY'S CODE "
+        "(its definitions, constructors, imports and the flagged statements) in a sandboxed child: "
+        "use it only on code you would run yourself",
     )
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), help="device for --verify (default: auto)")
-    p.add_argument("--explain", metavar="RULE", help="print a rule's documentation and exit")
-    p.add_argument("--list-rules", action="store_true", help="list every rule and exit")
+    p.add_argument("--explain", metavar="RULE", help="print a rule's documentation (by id or name) and exit")
+    p.add_argument(
+        "--list-rules", action="store_true", help="list every rule (--format json: as JSON) and exit"
+    )
     p.add_argument("--stdin-filename", metavar="FILE", help="the name to report stdin under")
-    p.add_argument("--config", metavar="PATH", help="configuration file (default: nearest pyproject.toml)")
+    p.add_argument(
+        "--force-exclude",
+        action="store_true",
+        help="apply the excludes to files named on the command line too (pre-commit, editors)",
+    )
+    p.add_argument(
+        "--config",
+        metavar="PATH",
+        help="use this configuration for every file (default: the closest one above each file)",
+    )
     p.add_argument("--jobs", "-j", type=int, metavar="N", help="worker processes (default: number of cores)")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the result cache")
-    p.add_argument("--cache-dir", metavar="DIR", help="result cache folder (default: .trainlint_cache)")
+    p.add_argument(
+        "--cache-dir", metavar="DIR", help="result cache folder (default: per user, ~/.cache/trainlint)"
+    )
     p.add_argument("--quiet", "-q", action="store_true", help="print findings only, no summary")
     p.add_argument("--statistics", action="store_true", help="print the number of findings per rule")
     p.add_argument("--exit-zero", action="store_true", help="exit 0 even when there are findings")
@@ -103,56 +131,8 @@ def _split(value: str | None) -> list[str]:
 
 
 def _error(message: str) -> None:
-    """One plain line on stderr (no markup or emoji codes: paths are printed as they are)."""
-    print(f"trainlint: error: {message}", file=sys.stderr)
-
-
-def list_rules(console: Console) -> None:
-    columns = ("id", "name", "severity", "fix", "probe", "summary")
-    rows = [
-        (
-            r.id,
-            r.name,
-            r.severity.value,
-            "yes" if r.has_fix else "no",
-            "yes" if r.has_probe() else "no",
-            r.summary,
-        )
-        for r in registry()
-    ]
-    if not console.is_terminal:  # pipes and CI logs: one unwrapped line per rule
-        widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(columns[:-1])]
-        for row in [columns, *rows]:
-            print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=False)) + "  " + row[-1])
-        return
-    from rich.table import Table
-
-    table = Table()
-    for column in columns:
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        table.add_row(*row)
-    console.print(table)
-
-
-def _physical(path: str | Path, cwd: str) -> str:
-    """The path with its folders resolved (links, ``..``) but not its last part: a link is still
-    named as itself, and a path reached through a linked folder is seen where it really is."""
-    joined = os.path.join(cwd, path)
-    folder, name = os.path.split(joined)
-    return os.path.join(os.path.realpath(folder), name) if name else os.path.realpath(joined)
-
-
-def _display_path(path: Path, cwd: str | None = None) -> str:
-    """The path relative to the working folder when it lies inside it, else as given."""
-    folder = cwd if cwd is not None else os.getcwd()
-    prefix = folder if folder.endswith(os.sep) else folder + os.sep
-    absolute = os.path.abspath(path)
-    if not absolute.startswith(prefix):  # resolve folders only when needed: this runs once per file
-        absolute = _physical(path, folder)
-    if absolute.startswith(prefix):
-        return Path(absolute[len(prefix) :]).as_posix()
-    return path.as_posix()
+    """One plain line on stderr (no markup or emoji codes; control characters escaped)."""
+    print(f"trainlint: error: {escape_controls(message)}", file=sys.stderr)
 
 
 # the process that last checked that the pre-linting heap is frozen (``gc.get_freeze_count`` walks the
@@ -167,9 +147,11 @@ def _lint_one(job: Job, cache: ResultCache | None = None) -> Outcome:
     import gc
 
     from trainlint.engine import lint_text, unreadable, with_configured_severity
+    from trainlint.notebook import lint_notebook
 
     fs_path, shown, options = job
-    source = read_source(Path(fs_path))
+    is_notebook = fs_path.endswith(NOTEBOOK)
+    source = read_source(Path(fs_path), MAX_NOTEBOOK_BYTES if is_notebook else MAX_SOURCE_BYTES)
     if source.text is None:
         result = FileResult(shown)
         if "TL902" in options.rule_ids:
@@ -190,7 +172,8 @@ def _lint_one(job: Job, cache: ResultCache | None = None) -> Outcome:
                 gc.freeze()
         gc.disable()
     try:
-        result = lint_text(source.text, shown, options)
+        lint = lint_notebook if is_notebook else lint_text
+        result = lint(source.text, shown, options)
     except Exception as exc:  # the engine itself failed on this file: report it, keep going
         result = FileResult(shown, errors=[internal_error(shown, exc)])
     finally:
@@ -198,23 +181,7 @@ def _lint_one(job: Job, cache: ResultCache | None = None) -> Outcome:
             gc.enable()
     if cache is not None:
         cache.store(job, source.text, result)
-    return result, (source.text if result.findings else None)
-
-
-def _rule_ids_for(config: Config, base: list[str], display: str) -> tuple[str, ...]:
-    if not config.per_file_ignores:
-        return tuple(base)
-    ignored = ignored_for_file(config, _relative_to_root(config, display))
-    return tuple(i for i in base if not any(i.startswith(p) for p in ignored))
-
-
-def _relative_to_root(config: Config, display: str) -> str:
-    for resolve in (os.path.abspath, lambda d: _physical(d, os.getcwd())):
-        try:
-            return Path(resolve(display)).relative_to(config.root).as_posix()
-        except ValueError:
-            continue
-    return display
+    return result, frame_text(fs_path, result.findings, source.text)
 
 
 def _tolerant_output() -> None:
@@ -229,18 +196,42 @@ def _tolerant_output() -> None:
                 pass
 
 
+class _Selectors(NamedTuple):
+    """``--select`` (None: the configuration's), ``--extend-select`` and ``--ignore``, checked."""
+
+    select: list[str] | None
+    extend: list[str]
+    ignore: list[str]
+
+
 @dataclass
 class _Settings:
-    """What the command line and the configuration decide for this run."""
+    """What the command line and the configuration decide for this run. Each file is linted with the
+    configuration closest above it (or the one ``--config`` pins); ``config`` is the run's own (the
+    first path's): it decides the verify settings and where the cache lives."""
 
     args: argparse.Namespace
     config: Config
-    rule_ids: list[str]
-    severity: tuple[tuple[str, str], ...]
+    configs: ConfigResolver
+    selectors: _Selectors
     cache: ResultCache | None
+    _chosen: dict[int, tuple[list[str], tuple[tuple[str, str], ...]]] = field(default_factory=dict)
 
-    def options(self, shown: str) -> LintOptions:
-        return LintOptions(_rule_ids_for(self.config, self.rule_ids, shown), self.severity)
+    def chosen(self, config: Config) -> tuple[list[str], tuple[tuple[str, str], ...]]:
+        """The rules a configuration enables once the command line has had its say, and their severities."""
+        found = self._chosen.get(id(config))
+        if found is None:
+            cli = self.selectors
+            select = cli.select if cli.select is not None else config.select
+            ids = select_rules(select, config.extend_select + cli.extend, config.ignore + cli.ignore)
+            severity = tuple(sorted((k, v.value) for k, v in config.severity.items()))
+            found = self._chosen[id(config)] = (ids, severity)
+        return found
+
+    def options(self, shown: str, config: Config | None = None) -> LintOptions:
+        config = self.config if config is None else config
+        rule_ids, severity = self.chosen(config)
+        return LintOptions(rule_ids_for_file(config, rule_ids, shown), severity)
 
 
 @dataclass
@@ -253,6 +244,7 @@ class _Linted:
     targets: dict[str, tuple[str | None, LintOptions]]
     problems: list[Problem] = field(default_factory=list)
     stdin_text: str | None = None
+    excluded: int = 0  # paths the excludes skipped (files named, files and folders found)
 
 
 def run(argv: Sequence[str] | None = None, stdin: str | None = None) -> int:
@@ -272,7 +264,10 @@ def run(argv: Sequence[str] | None = None, stdin: str | None = None) -> int:
     except ConfigError as exc:
         return _stop(Problem(ProblemKind.CONFIG, "", str(exc)))
     started = time.perf_counter()
-    linted = _lint_all(settings, stdin)
+    try:
+        linted = _lint_all(settings, stdin)
+    except ConfigError as exc:  # the configuration of a nested project, read when its files came up
+        return _stop(Problem(ProblemKind.CONFIG, "", str(exc)))
     if isinstance(linted, Problem):
         return _stop(linted)
     report = _report(linted, time.perf_counter() - started)
@@ -289,6 +284,7 @@ def run(argv: Sequence[str] | None = None, stdin: str | None = None) -> int:
         code = _fix(report, linted.targets, linted.stdin_text, args)
         if code is not None:
             return code
+    _PENDING_EXIT[:] = [_exit_code(report, args)]  # what a reader that stops reading still gets
     _print_problems(report.errors)
     REPORTERS[args.format](
         report, OutputOptions(quiet=args.quiet, statistics=args.statistics, unsafe_fixes=args.unsafe_fixes)
@@ -336,10 +332,12 @@ def _subcommand(name: str, argv: list[str]) -> int:
 
 def _document(args: argparse.Namespace) -> int:
     """``--list-rules`` and ``--explain``: print and exit, nothing is linted."""
+    from trainlint.report.rules import find_rule, list_rules
+
     if args.list_rules:
-        list_rules(make_console())
+        list_rules(as_json=args.format == "json")
         return EXIT_CLEAN
-    rule = registry().get(args.explain)
+    rule = find_rule(args.explain)
     if rule is None:
         return _stop(
             Problem(ProblemKind.USAGE, "", f"unknown rule {args.explain!r} (see `trainlint --list-rules`)")
@@ -350,25 +348,47 @@ def _document(args: argparse.Namespace) -> int:
 
 def _settings(args: argparse.Namespace) -> _Settings:
     """The configuration, the cache and the rule selection; raises ``ConfigError``."""
-    config_path = Path(args.config) if args.config else find_config(Path.cwd())
+    config_path = Path(args.config) if args.config else find_config(_first_folder(args))
     if args.config and not config_path.is_file():
         raise ConfigError(f"{args.config}: no such configuration file")
     cache = None
     if not args.no_cache and "-" not in args.paths:
         root = config_path.parent.resolve() if config_path is not None else Path.cwd()
-        cache = ResultCache(Path(args.cache_dir) if args.cache_dir else root / ".trainlint_cache")
-        known = cache.recorded_rule_ids()
+        cache = open_cache(args.cache_dir, root)
+        known = cache.recorded_rule_ids() if cache is not None else None
         if known is not None:
             use_known_ids(known)
-    config = load_config(config_path)
-    select = check_selectors(_split(args.select), "--select") if args.select else config.select
-    extend = config.extend_select + check_selectors(_split(args.extend_select), "--extend-select")
-    ignore = config.ignore + check_selectors(_split(args.ignore), "--ignore")
-    severity = tuple(sorted((k, v.value) for k, v in config.severity.items()))
-    return _Settings(args, config, select_rules(select, extend, ignore), severity, cache)
+    configs = ConfigResolver(config_path if args.config else None)
+    config = configs.for_folder(_first_folder(args))
+    selectors = _Selectors(
+        _flag_selectors(args.select, "--select") if args.select is not None else None,
+        _flag_selectors(args.extend_select, "--extend-select"),
+        _flag_selectors(args.ignore, "--ignore"),
+    )
+    return _Settings(args, config, configs, selectors, cache)
 
 
-def _refusal(args: argparse.Namespace, paths: list[str]) -> Problem | None:
+def _flag_selectors(value: str | None, flag: str) -> list[str]:
+    """A selector flag's rule ids; given but empty (``--select ""``, a shell variable that was not
+    set) is an error rather than a silent "every rule" or "no rule"."""
+    if value is None:
+        return []
+    if not _split(value):
+        raise ConfigError(f"{flag}: no rule id given (an empty value selects nothing)")
+    return check_selectors(_split(value), flag)
+
+
+def _first_folder(args: argparse.Namespace) -> Path:
+    """Where the run's own configuration is looked for: the first path's folder (stdin: the folder of
+    ``--stdin-filename``), so that an editor starting trainlint from ``/`` still finds the project."""
+    first = args.paths[0] if args.paths else "."
+    if first == "-":
+        first = args.stdin_filename or "."
+    path = Path(first).absolute()
+    return path if path.is_dir() else path.parent
+
+
+def _refusal(args: argparse.Namespace, paths: list[str], device: str) -> Problem | None:
     """What this run is asked to do that it cannot, found before linting anything."""
     if args.jobs is not None and args.jobs < 1:
         return Problem(ProblemKind.USAGE, "", f"--jobs must be at least 1, got {args.jobs}")
@@ -376,10 +396,12 @@ def _refusal(args: argparse.Namespace, paths: list[str]) -> Problem | None:
         from trainlint.verify import torch_available
 
         if not torch_available():
+            return Problem(ProblemKind.USAGE, "", TORCH_HINT)
+        if device == "cuda" and not _cuda_available():
             return Problem(
                 ProblemKind.USAGE,
                 "",
-                '--verify needs PyTorch. Install the extra: pip install "trainlint[verify]"',
+                "--device cuda: PyTorch sees no CUDA device here (use --device cpu or auto)",
             )
     if "-" in paths and paths != ["-"]:
         return Problem(ProblemKind.USAGE, "", "'-' (stdin) cannot be combined with other paths")
@@ -389,9 +411,20 @@ def _refusal(args: argparse.Namespace, paths: list[str]) -> Problem | None:
     return None
 
 
+def _cuda_available() -> bool:
+    """Asked of a child process: the linter itself never imports torch."""
+    import subprocess
+
+    probe = "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
+    try:
+        return subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=120).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 def _lint_all(settings: _Settings, stdin: str | None) -> _Linted | Problem:
     paths = settings.args.paths or ["."]
-    refusal = _refusal(settings.args, paths)
+    refusal = _refusal(settings.args, paths, settings.args.device or settings.config.verify_device)
     if refusal is not None:
         return refusal
     if paths == ["-"]:
@@ -404,6 +437,10 @@ def _lint_stdin(settings: _Settings, stdin: str | None) -> _Linted:
 
     text = stdin if stdin is not None else sys.stdin.read()
     shown = settings.args.stdin_filename or "<stdin>"
+    config = settings.config
+    if settings.args.stdin_filename and settings.args.force_exclude:
+        if is_excluded(Path(shown).absolute(), config.excludes(), config.root):
+            return _Linted([], 0, {}, stdin_text=text, excluded=1)  # as Ruff: no findings, text unchanged
     options = settings.options(shown)
     try:
         result = lint_text(text, shown, options)
@@ -412,22 +449,44 @@ def _lint_stdin(settings: _Settings, stdin: str | None) -> _Linted:
     return _Linted([(result, text)], 1, {shown: (None, options)}, stdin_text=text)
 
 
+def _discover_all(settings: _Settings, paths: list[str]) -> tuple[list[tuple[Path, Config]], list[str], int]:
+    """Every file to lint with its configuration, the listing errors, and how many paths were excluded.
+
+    Each path given is walked with the excludes of its own configuration; a file inside it that has a
+    closer configuration of its own (a nested project) is held to that one's excludes too."""
+    errors: list[str] = []
+    excluded: list[str] = []
+    found: list[tuple[Path, Config]] = []
+    seen: set[Path] = set()
+    for given in map(Path, paths):
+        config = settings.configs.for_path(given)
+        if settings.args.force_exclude and is_excluded(given, config.excludes(), config.root):
+            excluded.append(str(given))  # pre-commit names excluded files: --force-exclude skips them
+            continue
+        for f in discover([given], config.excludes(), config.root, errors, excluded):
+            key = f.absolute()
+            if key in seen:
+                continue
+            seen.add(key)
+            own = config if f == given else settings.configs.for_folder(f.parent)
+            if own is not config and is_excluded(f, own.excludes(), own.root):
+                excluded.append(str(f))
+                continue
+            found.append((f, own))
+    return found, errors, len(excluded)
+
+
 def _lint_paths(settings: _Settings, paths: list[str]) -> _Linted:
-    config = settings.config
-    excludes = (
-        config.exclude if config.exclude is not None else list(DEFAULT_EXCLUDES)
-    ) + config.extend_exclude
-    listing_errors: list[str] = []
-    files = list(discover([Path(p) for p in paths], excludes, config.root, listing_errors))
+    files, listing_errors, excluded = _discover_all(settings, paths)
     cwd = os.getcwd()
     jobs_list: list[Job] = []
-    for f in files:
-        shown = _display_path(f, cwd)
-        jobs_list.append((str(f), shown, settings.options(shown)))
+    for f, config in files:
+        shown = display_path(f, cwd)
+        jobs_list.append((str(f), shown, settings.options(shown, config)))
     results = _run_jobs(jobs_list, settings.args.jobs, settings.cache)
     targets = {shown: (fs, opts) for fs, shown, opts in jobs_list}
     problems = [Problem(ProblemKind.SKIPPED, "", m) for m in listing_errors]
-    return _Linted(results, len(files), targets, problems)
+    return _Linted(results, len(files), targets, problems, excluded=excluded)
 
 
 def _report(linted: _Linted, elapsed_s: float) -> RunReport:
@@ -435,7 +494,7 @@ def _report(linted: _Linted, elapsed_s: float) -> RunReport:
     findings = sorted((f for r, _ in results for f in r.findings), key=lambda f: f.sort_key)
     errors = [*linted.problems, *(e for r, _ in results for e in r.errors)]
     sources = {r.path: text for r, text in results if text is not None}
-    return RunReport(findings, errors, linted.files, elapsed_s, sources)
+    return RunReport(findings, errors, linted.files, elapsed_s, sources, excluded=linted.excluded)
 
 
 class _FixedFile(NamedTuple):
@@ -453,6 +512,7 @@ def _fix(
     """Apply (``--fix``) or show (``--diff``) fixes; returns an exit code when the run ends here."""
     from trainlint.engine import lint_text
     from trainlint.fix import applicable, unified_diff, write_fixed
+    from trainlint.verdicts import carry_verdicts, unsafe_hint
 
     paths = sorted({f.path for f in report.findings if applicable(f, args.unsafe_fixes)})
     diffs: list[str] = []
@@ -470,16 +530,23 @@ def _fix(
                 diffs.append(unified_diff(shown, before, outcome.text))
             continue
         if fs_path is not None and original is not None and outcome.text != before:
-            write_fixed(Path(fs_path), original, outcome.text)
+            failure = write_fixed(Path(fs_path), before, outcome.text)
+            if failure is not None:  # reported; the other files are still fixed
+                report.errors.append(Problem(ProblemKind.FIX, shown, f"fix not applied: {failure}"))
+                remaining.extend(f for f in report.findings if f.path == shown)
+                continue
         elif fs_path is None:
             fixed_stdin = outcome.text
         report.fixed += outcome.fixed
-        remaining.extend(lint_text(outcome.text, shown, options).findings)
+        left = lint_text(outcome.text, shown, options).findings
+        remaining.extend(carry_verdicts(left, report.findings, before, outcome.text))
         report.sources[shown] = outcome.text
     if args.diff:
         _print_problems(report.errors)
         if diffs:
             sys.stdout.write("".join(diffs))
+        elif not args.unsafe_fixes:
+            unsafe_hint(report)
         return EXIT_FINDINGS if diffs and not args.exit_zero else EXIT_CLEAN
     report.findings = sorted(remaining, key=lambda f: f.sort_key)
     if stdin_text is not None:
@@ -513,7 +580,14 @@ def _fixed_file(
             )
             return None
         before = report.sources.get(shown) or read_source(Path(fs_path)).text or ""
-    outcome = fix_text(before, lambda t: lint_text(t, shown, options).findings, unsafe)
+    known = [f for f in report.findings if f.path == shown]
+
+    def lint(text: str) -> list[Finding]:
+        # the text as it was linted (and verified): its findings, whose fixes --verify may have
+        # marked verified; a re-lint would only find them unsafe again
+        return known if text == before else lint_text(text, shown, options).findings
+
+    outcome = fix_text(before, lint, unsafe)
     report.errors.extend(Problem(ProblemKind.FIX, shown, f"fix not applied: {m}") for m in outcome.dropped)
     return _FixedFile(original, before, outcome)
 
@@ -605,7 +679,7 @@ def _lint_in_workers(
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=_fork_context())
+    pool = ProcessPoolExecutor(workers, _fork_context(), init_worker, (os.getpid(),))
     try:
         # ``map`` submits at once, so the workers are forked before any thread of ours (the progress
         # bar) runs.
@@ -623,6 +697,10 @@ def _lint_in_workers(
                     if results[i] is None:
                         results[i] = _lint_isolated(jobs_list[i], cache)
                         advance()
+    except BaseException:  # interrupted (Ctrl-C, SIGTERM): the workers stop now, not after their file
+        for process in list((getattr(pool, "_processes", None) or {}).values()):
+            process.kill()
+        raise
     finally:
         pool.shutdown(cancel_futures=True)
 
@@ -633,7 +711,7 @@ def _lint_isolated(job: Job, cache: ResultCache | None) -> Outcome:
     from concurrent.futures.process import BrokenProcessPool
 
     try:
-        with ProcessPoolExecutor(max_workers=1, mp_context=_fork_context()) as single:
+        with ProcessPoolExecutor(1, _fork_context(), init_worker, (os.getpid(),)) as single:
             return single.submit(_lint_one, job, cache).result()
     except BrokenProcessPool:
         message = (
@@ -660,12 +738,21 @@ def _progress(total: int) -> Iterator[Callable[[], None]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    _PENDING_EXIT.clear()
+    with sigterm_unwinds():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     try:
         return run(argv)
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:
-        return EXIT_CLEAN
+    except Terminated:
+        return 128 + signal.SIGTERM
+    except BrokenPipeError:  # `trainlint . | head`: the findings still decide the exit code
+        discard_stdout()
+        return _PENDING_EXIT[0] if _PENDING_EXIT else EXIT_CLEAN
     except Exception as exc:  # a bug in trainlint: one line, exit 2, never a traceback
         print(f"trainlint: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_ERROR

@@ -5,14 +5,18 @@ Unknown keys, unknown rule ids and values of the wrong type are errors (``Config
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import math
+import os
+import stat
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainlint.files import DEFAULT_EXCLUDES, physical_path
 from trainlint.rule import Severity, rule_ids
 
 
@@ -33,6 +37,9 @@ TOP_KEYS = frozenset(
     }
 )
 VERIFY_KEYS = frozenset({"device", "timeout"})
+# Where a configuration search stops: the root of the repository being linted.
+REPOSITORY_MARKERS = (".git", ".hg", ".svn")
+MAX_CONFIG_BYTES = 1024 * 1024
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -49,6 +56,11 @@ class Config:
     severity: dict[str, Severity] = field(default_factory=dict)
     verify_device: str = "auto"
     verify_timeout: float = 60.0
+
+    def excludes(self) -> list[str]:
+        """The exclude patterns: ``exclude`` (default: tool and environment folders) + ``extend-exclude``."""
+        base = self.exclude if self.exclude is not None else list(DEFAULT_EXCLUDES)
+        return base + self.extend_exclude
 
     def fingerprint(self) -> str:
         """Everything that changes findings, as a stable string (the result cache keys on it)."""
@@ -105,12 +117,14 @@ def find_config(start: Path) -> Path | None:
             tool = _read_toml(candidate).get("tool")
             if isinstance(tool, dict) and "trainlint" in tool:
                 return candidate
+        if any(os.path.lexists(folder / marker) for marker in REPOSITORY_MARKERS):
+            return None  # a repository's code is never configured from above its root
     return None
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = _read_capped(path).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: cannot read: not UTF-8 ({exc.reason} at byte {exc.start})") from None
     except OSError as exc:
@@ -123,6 +137,20 @@ def _read_toml(path: Path) -> dict[str, Any]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: cannot parse TOML: {exc}") from None
+    except (RecursionError, MemoryError):  # tomllib recurses once per nested table or array
+        raise ConfigError(f"{path}: cannot parse TOML: nested too deeply") from None
+
+
+def _read_capped(path: Path) -> bytes:
+    """A configuration file's bytes: a regular file of at most ``MAX_CONFIG_BYTES`` (a committed
+    ``pyproject.toml -> /dev/zero`` must not eat the memory); raises ``OSError`` otherwise."""
+    with open(path, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        data = handle.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise OSError(errno.EFBIG, f"too large (over {MAX_CONFIG_BYTES} bytes)")
+    return data
 
 
 def _settings_table(data: dict[str, Any], path: Path) -> tuple[Any, str]:
@@ -225,3 +253,49 @@ def ignored_for_file(cfg: Config, rel_path: str) -> list[str]:
         if fnmatch.fnmatch(rel_path, glob) or fnmatch.fnmatch(name, glob):
             out.extend(ids)
     return out
+
+
+class ConfigResolver:
+    """The configuration of each file, as Ruff finds it: the closest ``trainlint.toml`` or
+    ``pyproject.toml`` with ``[tool.trainlint]`` above the file, or the one ``--config`` pins. Files and
+    folders are looked up once each: a run over a big tree reads each configuration file once."""
+
+    def __init__(self, pinned: Path | None = None) -> None:
+        self._pinned = load_config(pinned) if pinned is not None else None
+        self._by_folder: dict[Path, Config] = {}
+        self._by_source: dict[Path | None, Config] = {}
+
+    def for_folder(self, folder: Path) -> Config:
+        if self._pinned is not None:
+            return self._pinned
+        folder = folder.absolute()
+        config = self._by_folder.get(folder)
+        if config is None:
+            source = find_config(folder)
+            config = self._by_source.get(source)
+            if config is None:
+                config = self._by_source[source] = load_config(source)
+            self._by_folder[folder] = config
+        return config
+
+    def for_path(self, path: Path) -> Config:
+        """The configuration of a file (its folder's) or of a folder itself."""
+        path = path.absolute()
+        return self.for_folder(path if path.is_dir() else path.parent)
+
+
+def rule_ids_for_file(config: Config, base: list[str], display: str) -> tuple[str, ...]:
+    """The rule ids of ``base`` that ``per-file-ignores`` leaves on for the file shown as ``display``."""
+    if not config.per_file_ignores:
+        return tuple(base)
+    ignored = ignored_for_file(config, _relative_to_root(config, display))
+    return tuple(i for i in base if not any(i.startswith(p) for p in ignored))
+
+
+def _relative_to_root(config: Config, display: str) -> str:
+    for resolve in (os.path.abspath, lambda d: physical_path(d, os.getcwd())):
+        try:
+            return Path(resolve(display)).relative_to(config.root).as_posix()
+        except ValueError:
+            continue
+    return display

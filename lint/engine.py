@@ -24,9 +24,12 @@ from trainlint.files import (
     MAX_SOURCE_BYTES,
     Nesting,
     scan_nesting,
+    too_crowded,
     too_large,
 )
 from trainlint.model import FileModel
+from trainlint.model.project import Project
+from trainlint.report.escape import one_line_code
 from trainlint.results import FileResult, LintOptions, Problem, ProblemKind, internal_error
 from trainlint.rule import (
     Diagnostic,
@@ -240,7 +243,9 @@ def _to_finding(
     related = []
     for node, message, label in diag.labelled_related():
         pos = model.position(node)
-        related.append(Related(path, pos.start.line, pos.start.column + 1, message, label))
+        end = (pos.end.line, pos.end.column + 1)
+        related.append(Related(path, pos.start.line, pos.start.column + 1, message, label, *end))
+    related.extend(Related(*entry) for entry in diag.elsewhere)
     fix = None
     if diag.fix is not None:
         fix = Fix(
@@ -257,7 +262,7 @@ def _to_finding(
         column=where.start.column + 1,
         end_line=where.end.line,
         end_column=where.end.column + 1,
-        message=diag.message,
+        message=one_line_code(diag.message),
         related=tuple(related),
         fix=fix,
     )
@@ -302,6 +307,15 @@ def lint_text(text: str, path: str, options: LintOptions) -> FileResult:
     reg = registry()
     rules = [r for r in (reg.get(i) for i in options.rule_ids) if r is not None and not r.engine_only]
     active = [r for r in rules if not options.prefilter or needs_parse(text, [r])]
+    crossfile = [r for r in rules if r not in active and r.can_fire_in_project(text)]
+    project = Project.for_file(path) if crossfile else None
+    if project is not None:
+        # findings that rest on another file's facts need less of this file's text; most need an
+        # import of a definition with the right facts too (read with ``ast``: cheaper than libcst)
+        imported = project.imported_facts(text) if any(not r.project_callers for r in crossfile) else []
+        active += [
+            r for r in crossfile if r.project_callers or any(r.wants_fact(f.kind, f.facts) for f in imported)
+        ]
 
     def report(finding: Finding) -> FileResult:
         if finding.rule in options.rule_ids:
@@ -312,6 +326,9 @@ def lint_text(text: str, path: str, options: LintOptions) -> FileResult:
         return report(unreadable(path, "binary content (NUL bytes): not a Python source file"))
     if len(text) > MAX_SOURCE_BYTES:
         return report(unreadable(path, too_large(len(text))))
+    crowded = too_crowded(text)
+    if crowded is not None:
+        return report(unreadable(path, crowded))
     if not text.isascii():
         try:
             text.encode("utf-8")
@@ -357,6 +374,7 @@ def _lint_parsed(
             Problem(ProblemKind.UNANALYSABLE, path, "file model: nested too deeply to analyse")
         )
         return result
+    model.project = Project.for_file(path)
     try:
         _run_rules(model, text, path, options, active, result)
     finally:

@@ -15,10 +15,12 @@ import os
 import re
 import stat
 import tokenize
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+# Tool and environment folders only: ``build``/``dist`` are also names of ordinary packages
+# (distributed-training code, exactly what TL5xx is about), so a project excludes them itself.
 DEFAULT_EXCLUDES = (
     ".git",
     ".hg",
@@ -37,12 +39,13 @@ DEFAULT_EXCLUDES = (
     ".pytest_cache",
     ".ruff_cache",
     ".trainlint_cache",
-    "build",
-    "dist",
     "node_modules",
     "site-packages",
 )
 
+
+# Python sources and Jupyter notebooks (their code cells: see notebook.py)
+LINTED_SUFFIXES = (".py", ".pyi", ".ipynb")
 
 # Larger files are reported (TL902) rather than parsed: libcst needs about 7 s and 700 MB of memory per
 # megabyte of source, so a multi-megabyte generated file would stall a run or exhaust a worker's memory.
@@ -64,6 +67,27 @@ def too_large(size: int, limit: int = MAX_SOURCE_BYTES) -> str:
         f"it is {_size(size)}, over the {_size(limit)} limit for one file (generated code? "
         "exclude it with `extend-exclude`)"
     )
+
+
+# libcst's memory goes with lines and tokens more than bytes: about 8 KB per line (1.98 MB of one-letter
+# lines took 8 GB) and 2 KB per token. These bound a file's parse near what 2 MiB of ordinary code takes
+# (about 1.4 GB).
+MAX_SOURCE_LINES = 150_000
+MAX_SOURCE_TOKENS = 600_000
+_TOKEN = re.compile(r"\w+|[^\w\s]")
+
+
+def too_crowded(text: str) -> str | None:
+    """Why ``text`` would cost the parser too much memory for its size, or None (cheap: a file
+    shorter than the token limit is never counted)."""
+    lines = text.count("\n") + 1
+    if lines > MAX_SOURCE_LINES:
+        return f"it has {lines:,} lines, over the {MAX_SOURCE_LINES:,} limit for one file (generated code?)"
+    if len(text) > MAX_SOURCE_TOKENS:
+        tokens = sum(1 for _ in _TOKEN.finditer(text))
+        if tokens > MAX_SOURCE_TOKENS:
+            return f"it has about {tokens:,} tokens, over the {MAX_SOURCE_TOKENS:,} limit for one file (generated code?)"
+    return None
 
 
 @functools.lru_cache(maxsize=64)
@@ -128,19 +152,26 @@ def is_excluded(
     return part is not None and any(part.match(p) for p in rel.split("/"))
 
 
-def discover(paths: Iterable[Path], excludes: Iterable[str], root: Path, errors: list[str]) -> Iterator[Path]:
-    """``.py`` files under the given paths, sorted, each once. Explicit files are always included,
-    except notebooks (``.ipynb`` holds JSON, not Python source: it is skipped with a note).
+def discover(
+    paths: Iterable[Path],
+    excludes: Iterable[str],
+    root: Path,
+    errors: list[str],
+    excluded: list[str] | None = None,
+) -> Iterator[Path]:
+    """``.py``, ``.pyi`` and ``.ipynb`` files under the given paths, sorted, each once. Explicit files
+    are always included.
 
     Reading reports the problems of what is yielded (TL902): broken links, files that cannot be read,
     and folders that cannot be listed (yielded themselves, so that the report names them). Links that
     loop are skipped and named in ``errors`` (a looping path cannot even be displayed), as are named
     pipes, sockets and devices (reading one could block forever). Folders reached again through a link
-    are not walked twice.
+    are not walked twice. Folders and files the excludes skip are appended to ``excluded``.
     """
+    skipped = excluded if excluded is not None else []
     excludes = tuple(excludes)
     seen: set[Path] = set()
-    for given in paths:
+    for given, roots in _given_paths(paths, errors):
         kind = _kind(given)
         if kind == "loop":
             errors.append(f"{given}: the symbolic link loops; skipped")
@@ -150,9 +181,6 @@ def discover(paths: Iterable[Path], excludes: Iterable[str], root: Path, errors:
             continue
         if kind == "missing":
             errors.append(f"{given}: no such file or folder")
-            continue
-        if given.suffix == ".ipynb":
-            errors.append(f"{given}: notebooks are not linted (export the code to a .py file); skipped")
             continue
         if kind != "folder":
             key = given.absolute()
@@ -169,35 +197,84 @@ def discover(paths: Iterable[Path], excludes: Iterable[str], root: Path, errors:
             else:  # pragma: no cover - os.walk always names the folder
                 errors.append(f"cannot list folder: {exc.strerror}")
 
-        for dirpath, dirnames, filenames in os.walk(given, onerror=onerror, followlinks=True):
+        for dirpath, dirnames, filenames in _walk_inside(given, roots, errors, onerror):
             real = os.path.realpath(dirpath)
             if real in visited_dirs:
                 dirnames[:] = []
                 continue
             visited_dirs.add(real)
             # plain strings here, Paths only for what is yielded: this loop is most of a warm run
-            dirnames[:] = sorted(
-                d
-                for d in dirnames
-                if not is_excluded(os.path.join(dirpath, d), excludes, root, given, _real(real, dirpath, d))
-            )
+            kept = []
+            for d in dirnames:
+                sub = os.path.join(dirpath, d)
+                if is_excluded(sub, excludes, root, given, _real(real, dirpath, d)):
+                    skipped.append(sub)
+                else:
+                    kept.append(d)
+            dirnames[:] = sorted(kept)
             for filename in filenames:
-                if not filename.endswith((".py", ".pyi")):
+                if not filename.endswith(LINTED_SUFFIXES):
                     continue
                 candidate = os.path.join(dirpath, filename)
                 kind = _kind(candidate)
                 if kind == "loop":
                     errors.append(f"{Path(candidate)}: the symbolic link loops; skipped")
-                elif kind not in ("special", "missing") and not is_excluded(
-                    candidate, excludes, root, given, _real(real, dirpath, filename)
-                ):
-                    found.append(candidate)
+                elif kind not in ("special", "missing"):
+                    if is_excluded(candidate, excludes, root, given, _real(real, dirpath, filename)):
+                        skipped.append(candidate)
+                    else:
+                        found.append(candidate)
         for name in sorted(found, key=lambda f: f.split(os.sep)):  # the order of Path objects
             candidate = Path(name)
             key = candidate.absolute()
             if key not in seen:
                 seen.add(key)
                 yield candidate
+
+
+LEAVES = "the symbolic link leads outside the linted folders; skipped"
+
+
+def _within(real: str, roots: tuple[str, ...]) -> bool:
+    return any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in roots)
+
+
+def _given_paths(paths: Iterable[Path], errors: list[str]) -> Iterator[tuple[Path, tuple[str, ...]]]:
+    """Each path to lint with the roots nothing may leave: the real given folders and the real
+    folders of the given files. A given file that is a link leading elsewhere is skipped and named
+    in ``errors``: a committed ``model.py -> ~/.ssh/id_rsa`` is never read, shown or fixed."""
+    given = list(paths)
+    roots = tuple(
+        os.path.realpath(p if os.path.isdir(p) else os.path.dirname(os.path.abspath(p))) for p in given
+    )
+    for path in given:
+        if os.path.islink(path) and os.path.exists(path) and not _within(os.path.realpath(path), roots):
+            errors.append(f"{path}: {LEAVES}")
+            continue
+        yield path, roots
+
+
+def _walk_inside(
+    top: Path, roots: tuple[str, ...], errors: list[str], onerror: Callable[[OSError], None]
+) -> Iterator[tuple[str, list[str], list[str]]]:
+    """``os.walk`` with links followed, but only to folders and files inside ``roots``: a committed
+    ``vendor -> /usr/lib`` is named in ``errors`` and not walked, a linked file leading outside is
+    named and not linted (nor fixed)."""
+    for dirpath, dirnames, filenames in os.walk(top, onerror=onerror, followlinks=True):
+        real = os.path.realpath(dirpath)
+        if not _within(real, roots):
+            errors.append(f"{Path(dirpath)}: {LEAVES}")
+            dirnames[:] = []
+            continue
+        kept = []
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            if name.endswith((".py", ".pyi")) and os.path.islink(path) and os.path.exists(path):
+                if not _within(os.path.realpath(path), roots):
+                    errors.append(f"{Path(path)}: {LEAVES}")
+                    continue
+            kept.append(name)
+        yield dirpath, dirnames, kept
 
 
 def _real(real_folder: str, folder: str, name: str) -> str:
@@ -400,3 +477,23 @@ def scan_nesting(text: str) -> Nesting:
         if chain > best:
             best, best_line = chain, line
     return Nesting(max_depth, depth_line, best, best_line)
+
+
+def physical_path(path: str | Path, cwd: str) -> str:
+    """The path with its folders resolved (links, ``..``) but not its last part: a link is still
+    named as itself, and a path reached through a linked folder is seen where it really is."""
+    joined = os.path.join(cwd, path)
+    folder, name = os.path.split(joined)
+    return os.path.join(os.path.realpath(folder), name) if name else os.path.realpath(joined)
+
+
+def display_path(path: Path, cwd: str | None = None) -> str:
+    """The path relative to the working folder when it lies inside it, else as given."""
+    folder = cwd if cwd is not None else os.getcwd()
+    prefix = folder if folder.endswith(os.sep) else folder + os.sep
+    absolute = os.path.abspath(path)
+    if not absolute.startswith(prefix):  # resolve folders only when needed: this runs once per file
+        absolute = physical_path(path, folder)
+    if absolute.startswith(prefix):
+        return Path(absolute[len(prefix) :]).as_posix()
+    return path.as_posix()

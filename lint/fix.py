@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import io
+import os
+import stat
+import tempfile
 import tokenize
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -11,6 +15,7 @@ from pathlib import Path
 
 import libcst as cst
 
+from trainlint.files import read_source
 from trainlint.model import LINE_BREAK
 from trainlint.rule import Applicability, Edit, Finding
 
@@ -104,5 +109,50 @@ def encode_like(original: bytes, text: str) -> bytes:
     return text.encode(encoding)
 
 
-def write_fixed(path: Path, original: bytes, text: str) -> None:
-    path.write_bytes(encode_like(original, text))
+def write_fixed(path: Path, linted: str, text: str) -> str | None:
+    """Replace the file's text ``linted`` by ``text``, atomically; returns why not, or None.
+
+    The file is read again first: if it no longer holds what was linted (the user saved meanwhile)
+    nothing is written. The new bytes go to a temporary file in the same folder with the same mode,
+    are flushed to disk and renamed over the file: a full disk or a kill at any moment leaves either
+    the old file or the new one, never half of one. A link is written through to its target (the
+    target is inside the linted folders: discovery skips links that leave them)."""
+    real = os.path.realpath(path)
+    try:
+        info = os.stat(real)
+        current = read_source(Path(real)).text
+        if current is None or not stat.S_ISREG(info.st_mode):
+            return "the file can no longer be read"
+        if current != linted:
+            return "the file changed since it was linted"
+        if not os.access(real, os.W_OK):
+            return "cannot write the file: permission denied"
+        with open(real, "rb") as handle:
+            data = encode_like(handle.read(), text)
+        _replace(real, data, stat.S_IMODE(info.st_mode))
+    except (OSError, UnicodeEncodeError, SyntaxError, LookupError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        return f"cannot write the file: {reason.lower()}"
+    return None
+
+
+def _replace(real: str, data: bytes, mode: int) -> None:
+    folder, name = os.path.split(real)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".trainlint-tmp")
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, real)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):  # the rename itself survives a power cut
+        dir_fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)

@@ -84,15 +84,23 @@ class Related:
     column: int
     message: str
     label: str | None = None
+    end_line: int | None = None  # exclusive end, as a finding's; None where only the start is known
+    end_column: int | None = None
+    cell: int | None = None  # in a notebook: the code cell (from 1) that ``line`` counts within
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "path": self.path,
             "line": self.line,
             "column": self.column,
+            "end_line": self.end_line,
+            "end_column": self.end_column,
             "message": self.message,
             "label": self.label,
         }
+        if self.cell is not None:
+            out["cell"] = self.cell
+        return out
 
 
 @dataclass(frozen=True)
@@ -110,10 +118,11 @@ class Finding:
     fix: Fix | None = None
     url: str | None = None
     verify: dict[str, Any] | None = None
+    cell: int | None = None  # in a notebook: the code cell (from 1) that the lines count within
 
     @property
-    def sort_key(self) -> tuple[str, int, int, str]:
-        return (self.path, self.line, self.column, self.rule)
+    def sort_key(self) -> tuple[str, int, int, int, str]:
+        return (self.path, self.cell or 0, self.line, self.column, self.rule)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -132,6 +141,8 @@ class Finding:
         }
         if self.verify is not None:
             out["verify"] = self.verify
+        if self.cell is not None:
+            out["cell"] = self.cell
         return out
 
     @classmethod
@@ -157,6 +168,7 @@ class Finding:
             else None,
             url=data.get("url"),
             verify=data.get("verify"),
+            cell=data.get("cell"),
         )
 
 
@@ -192,6 +204,8 @@ class Diagnostic:
     message: str
     related: tuple[tuple[cst.CSTNode, str] | tuple[cst.CSTNode, str, str], ...] = ()
     fix: FixSpec | None = None
+    # related locations in other files of the project: (path, line, column, message, label)
+    elsewhere: tuple[tuple[str, int, int, str, str | None], ...] = ()
 
     def labelled_related(self) -> Iterator[tuple[cst.CSTNode, str, str | None]]:
         """The related entries as ``(node, message, label)``, label None where the rule gave none."""
@@ -282,6 +296,12 @@ class Rule:
     # Further conditions of the prefilter: each group (tokens, one of which must appear, or a pattern
     # that must match) must be a necessary condition of every finding the rule can report.
     requires: ClassVar[tuple[Group, ...]] = ()
+    # The prefilter of the findings that rest on another file's facts (the project index): in a file
+    # that is part of a project the rule also runs when all these groups match. Empty: it has none.
+    project_requires: ClassVar[tuple[Group, ...]] = ()
+    # True when those findings rest on the callers of the file's functions (found by walking the
+    # project), not on what the file imports: the engine then runs the rule without an import test.
+    project_callers: ClassVar[bool] = False
     valid: ClassVar[tuple[str, ...]] = ()
     invalid: ClassVar[tuple[Invalid, ...]] = ()
     has_fix: ClassVar[bool] = False
@@ -318,6 +338,18 @@ class Rule:
                 key=lambda g: (isinstance(g, re.Pattern), 0 if isinstance(g, re.Pattern) else len(g)),
             )
         return all(group_matches(group, text) for group in order)
+
+    @classmethod
+    def wants_fact(cls, kind: str, facts: dict[str, Any]) -> bool:
+        """Whether a function or class (``kind``) of another project file that the file imports, with
+        these summary facts, could take part in one of the rule's cross-file findings: the engine's
+        last test before parsing a file for them."""
+        return False
+
+    @classmethod
+    def can_fire_in_project(cls, text: str) -> bool:
+        """The prefilter's verdict for the rule's cross-file findings (see ``project_requires``)."""
+        return bool(cls.project_requires) and all(group_matches(g, text) for g in cls.project_requires)
 
     @classmethod
     def has_probe(cls) -> bool:

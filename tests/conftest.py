@@ -8,6 +8,7 @@ fixture linted and verified in one batch (one child process, torch imported once
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 
@@ -17,6 +18,19 @@ from trainlint.engine import lint_source
 from trainlint.rule import Finding
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_user_cache(tmp_path_factory: pytest.TempPathFactory):
+    """The default result cache is per user (~/.cache/trainlint): the tests use a folder of their own
+    instead of the real one (subprocesses inherit the variable)."""
+    saved = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("user-cache"))
+    yield
+    if saved is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = saved
 
 
 def findings_for(code: str, *rule_ids: str) -> list[Finding]:

@@ -220,6 +220,67 @@ def test_plot_without_matplotlib_says_how_to_get_it(monkeypatch, capsys, tmp_pat
     assert code == 2 and "memory-plot" in err
 
 
+@pytest.mark.parametrize(("suffix", "magic"), [(".png", b"\x89PNG"), (".svg", b"<svg")])
+def test_plot_stacks_each_options_terms(monkeypatch, capsys, tmp_path, suffix, magic) -> None:
+    pytest.importorskip("matplotlib")
+    from matplotlib.axes import Axes
+
+    drawn: list[list[float]] = []
+    bar = Axes.bar
+
+    def recording_bar(self, x, height, *args, **kwargs):  # type: ignore[no-untyped-def]
+        drawn.append(list(height))
+        return bar(self, x, height, *args, **kwargs)
+
+    monkeypatch.setattr(Axes, "bar", recording_bar)
+    picture = tmp_path / f"bill{suffix}"
+    code, out, _ = cli(
+        monkeypatch, capsys, "--model", "bench.memory.models:mlp", "--model-kwargs", json.dumps(MLP),
+        "--format", "json", "--plot", str(picture),
+    )  # fmt: skip
+    assert code == 0 and magic in picture.read_bytes()[:300]
+    options = json.loads(out)["options"].values()
+    # one stacked layer per term; each option's bar adds up to its terms' bytes (in the chart's unit)
+    assert len(drawn) == 7
+    totals = [sum(layer[i] for layer in drawn) for i in range(len(options))]
+    exact = [sum(v or 0 for v in o["per_rank"].values()) for o in options]
+    scale = exact[0] / totals[0]
+    assert scale in [pytest.approx(2**k) for k in (0, 10, 20, 30)]
+    assert totals == pytest.approx([e / scale for e in exact])
+
+
+LLAMA = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 64,
+    "intermediate_size": 172,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 2,
+    "vocab_size": 128,
+    "max_position_embeddings": 64,
+    "tie_word_embeddings": False,
+}
+
+
+def test_hf_builds_a_llama_config_and_bills_it(monkeypatch, capsys, tmp_path) -> None:
+    pytest.importorskip("transformers")
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA))
+    code, out, err = cli(
+        monkeypatch, capsys, "--hf", str(tmp_path), "--seq-len", "16", "--precision", "bf16-master",
+        "--format", "json",
+    )  # fmt: skip
+    assert code == 0, err
+    data = json.loads(out)
+    h, inter, vocab, layers = 64, 172, 128, 2
+    # by hand: embeddings and head (no bias), per layer 4 attention projections, 3 MLP ones, 2 norms
+    n = 2 * vocab * h + layers * (4 * h * h + 3 * h * inter + 2 * h) + h
+    assert data["parameters"] == n
+    single = data["single_process"]
+    assert single["master"] == 4 * n and single["gradients"] == 2 * n
+    assert data["complete"] and single["peak"] > single["model_state"]
+
+
 def test_hf_without_transformers_is_a_clear_error(monkeypatch, capsys) -> None:
     monkeypatch.setitem(sys.modules, "transformers", None)
     code, _, err = cli(monkeypatch, capsys, "--hf", "some/config", "--seq-len", "8")

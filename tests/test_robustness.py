@@ -385,16 +385,14 @@ def test_a_named_pipe_is_skipped_not_read(tmp_path) -> None:
     assert data["summary"]["files"] == 1
 
 
-def test_notebooks_are_not_linted(tree, capsys) -> None:
+def test_notebooks_are_linted_like_the_same_code_in_a_file(tree, capsys) -> None:
     cell = {"cell_type": "code", "source": GOOD.splitlines(keepends=True), "metadata": {}, "outputs": []}
     (tree / "nb.ipynb").write_text(json.dumps({"cells": [cell], "nbformat": 4}), encoding="utf-8")
     _, data, _ = lint(capsys, ".")
-    assert data["summary"]["files"] == 1 and set(found(data)) == {"good.py"}
+    assert data["summary"]["files"] == 2 and set(found(data)) == {"good.py", "nb.ipynb"}
     _, data, _ = lint(capsys, "nb.ipynb", "good.py")
-    assert set(found(data)) == {"good.py"}
-    assert [e["message"] for e in data["errors"]] == [
-        "nb.ipynb: notebooks are not linted (export the code to a .py file); skipped"
-    ]
+    assert found(data)["nb.ipynb"] == found(data)["good.py"]  # one cell: its lines are the file's
+    assert data["errors"] == []
 
 
 def test_stdin_with_hostile_text_does_not_crash(capsys) -> None:
@@ -502,12 +500,12 @@ def test_read_source_never_raises_on_odd_paths(tmp_path) -> None:
 
 
 def test_folders_above_the_given_path_do_not_exclude_it(tmp_path, capsys, monkeypatch) -> None:
-    """Default excludes name folders such as build/ and site-packages/: they apply inside what is
+    """Default excludes name folders such as .venv/ and site-packages/: they apply inside what is
     linted, not to the folders a project happens to live in."""
     project = tmp_path / "build" / "site-packages" / "proj"
-    (project / "build").mkdir(parents=True)
+    (project / ".venv").mkdir(parents=True)
     (project / "train.py").write_text(GOOD, encoding="utf-8")
-    (project / "build" / "generated.py").write_text(GOOD, encoding="utf-8")
+    (project / ".venv" / "generated.py").write_text(GOOD, encoding="utf-8")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)

@@ -52,7 +52,9 @@ PLANTED = [
     ("TL401", "bad_memory_readings.py", 18),
     ("TL403", "bad_memory_readings.py", 17),
     ("TL404", "bad_memory_readings.py", 9),
+    ("TL402", "bad_timing_no_sync.py", 23),
 ]
+# the DDP fixtures (TL501, TL502) run in subprocesses, in tests/test_run_distributed.py
 
 
 @pytest.mark.parametrize(("rule", "name", "line"), PLANTED)
@@ -65,7 +67,7 @@ def test_planted_hazard_is_seen_and_confirms_the_static_finding(capsys, rule, na
     assert code == 1
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in RUN.glob("good_*.py")))
+@pytest.mark.parametrize("name", sorted(p.name for p in RUN.glob("good_*.py") if "_ddp_" not in p.name))
 def test_fixed_twin_gives_nothing(capsys, name) -> None:
     code, data = run_json(capsys, "--", "python", f"fixtures/run/{name}")
     assert data["findings"] == []
@@ -273,8 +275,11 @@ def test_usage_errors_exit_2_with_one_line(capsys, argv, message) -> None:
 
 
 def test_the_monitor_leaves_torch_as_it_found_it(capsys) -> None:
+    import time
+
     import torch
     import torch.utils.checkpoint
+    from torch.nn.parallel import DistributedDataParallel as DDP
 
     before = (
         torch.nn.utils.clip_grad_norm_,
@@ -283,6 +288,9 @@ def test_the_monitor_leaves_torch_as_it_found_it(capsys) -> None:
         torch.optim.Optimizer.zero_grad,
         torch.amp.GradScaler.unscale_,
         torch.nn.functional.cross_entropy,
+        time.perf_counter,
+        torch.Tensor.item,
+        DDP.forward,
     )
     run_json(capsys, "--", "python", "fixtures/run/bad_clip_scaled.py")
     after = (
@@ -292,6 +300,9 @@ def test_the_monitor_leaves_torch_as_it_found_it(capsys) -> None:
         torch.optim.Optimizer.zero_grad,
         torch.amp.GradScaler.unscale_,
         torch.nn.functional.cross_entropy,
+        time.perf_counter,
+        torch.Tensor.item,
+        DDP.forward,
     )
     assert after == before
 

@@ -169,6 +169,9 @@ def _describe(args: argparse.Namespace, setup: Any) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``trainlint memory`` with ``argv``; returns the exit code."""
+    from trainlint.run import quiet_torch_import
+
+    quiet_torch_import()  # before build_parser(), whose import of trainlint.memory.train imports torch
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:

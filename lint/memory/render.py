@@ -29,12 +29,16 @@ class PlotUnavailable(Exception):
     """matplotlib is not installed."""
 
 
+UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1))
+
+
 def human(n: int | None) -> str:
     if n is None:
         return "n/a"
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    for unit, size in UNITS[:-1]:
         if n >= size:
-            return f"{n / size:.3g} {unit}"
+            value = n / size  # 3 significant digits, but 1000-1023 stay whole numbers, not 1e+03
+            return f"{value:.3g} {unit}" if value < 1000 else f"{value:.0f} {unit}"
     return f"{n} B"
 
 
@@ -142,14 +146,17 @@ def plot(data: dict[str, Any], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(1.6 * len(opts) + 2, 4.5))
     bottoms = [0.0] * len(opts)
     names = [o["label"] for o in opts]
+    tallest = max(sum(o["per_rank"][row] or 0 for row in ROWS) for o in opts)
+    unit, scale = next(((u, s) for u, s in UNITS if tallest >= s), UNITS[-1])
     for row in ROWS:
-        values = [(o["per_rank"][row] or 0) / 2**30 for o in opts]
+        values = [(o["per_rank"][row] or 0) / scale for o in opts]
         ax.bar(names, values, bottom=bottoms, label=ROW_LABELS[row])
         bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
     for i, o in enumerate(opts):
         peak = o["peak"] if o["peak"] is not None else o.get("peak_lower_bound", 0)
-        ax.plot([i - 0.4, i + 0.4], [peak / 2**30] * 2, color="black", linewidth=2)
-    ax.set_ylabel("GiB per rank (black line: peak)")
+        ax.plot([i - 0.4, i + 0.4], [peak / scale] * 2, color="black", linewidth=2)
+    # the terms are each one's own largest value, not all alive at once: the stack can pass the peak
+    ax.set_ylabel(f"{unit} per rank (black line: peak)")
     ax.set_title(f"{data['model']}, {data['precision']}, {data['optimizer']}, {data['world_size']} ranks")
     ax.legend(fontsize="small")
     fig.tight_layout()

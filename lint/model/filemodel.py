@@ -23,6 +23,7 @@ from trainlint.model.syntax import children, dotted
 from trainlint.model.text import LINE_BREAK, line_starts, split_lines
 
 if TYPE_CHECKING:
+    from trainlint.model.project import Fact, Project
     from trainlint.model.training import Training
 
 BUILTIN_NAMES = frozenset(dir(builtins))
@@ -402,6 +403,8 @@ class FileModel:
         self.augassigns: list[Site] = []
         self._positions: dict[cst.CSTNode, tuple[tuple[int, int], tuple[int, int]]] | None = None
         self._callee: dict[int, str | None] = {}
+        # the rest of the project, when the file is part of one on disk (set by the engine)
+        self.project: Project | None = None
         _Builder(self).run(module)
 
     @classmethod
@@ -496,6 +499,13 @@ class FileModel:
 
     def resolves_to(self, expr: cst.CSTNode, scope: Scope, *names: str) -> bool:
         return self.qualname(expr, scope) in set(names)
+
+    def elsewhere(self, qualname: str | None) -> Fact | None:
+        """The facts of the function or class an imported name refers to, when another file of the
+        project defines it (None for third-party names, or when the file is not in a project)."""
+        if qualname is None or self.project is None or qualname.startswith(("<local>.", "builtins.")):
+            return None
+        return self.project.lookup(qualname)
 
     # -- definitions and values ----------------------------------------------------------------------
     def scope_for(self, node: cst.CSTNode) -> Scope | None:

@@ -293,6 +293,12 @@ class TokenEvidence:
             for s, v, i in self._assigns.get((id(scope), name), ())
             if s.order < site.order and s.statement is not site.statement and id(s.node) not in seen
         ]
+        added = self._added_to(name, scope, site)
+        if added:
+            # ``running += loss_fn(...) * n``: the total holds what is added to it
+            origin = self._origin(added[-1], scope, site, depth + 1, seen)
+            if origin is not None:
+                return origin
         frames = {id(f.node) for f in site.frames}
         for assign_site, value, index in reversed(candidates):
             seen = seen | {id(assign_site.node)}
@@ -410,6 +416,8 @@ class TokenEvidence:
         ctor = self._criterion_constructor(call.func, scope)
         if ctor is not None:
             return self._cross_entropy(call, ctor, scope)
+        if self._configured_token_loss(call.func, scope):
+            return LossOrigin(call, "loss built from config, a mean over its non-ignored tokens", "mean")
         if depth < 3:
             return self._local_function_origin(call, scope, depth, seen)
         return None
@@ -421,6 +429,30 @@ class TokenEvidence:
             if callee in CROSS_ENTROPY_CLASSES:
                 return value
         return None
+
+    def _added_to(self, name: str, scope: Scope, site: Site) -> list[cst.BaseExpression]:
+        """What ``name += value`` adds to the name in ``scope`` before ``site``, in order."""
+        return [
+            other.node.value
+            for other in self.model.augassigns
+            if other.scope is scope
+            and other.order < site.order
+            and isinstance(other.node, cst.AugAssign)
+            and isinstance(other.node.operator, cst.AddAssign)
+            and isinstance(other.node.target, cst.Name)
+            and other.node.target.value == name
+        ]
+
+    def _configured_token_loss(self, func: cst.BaseExpression, scope: Scope) -> bool:
+        """``self._loss_fn`` built from config (``config.instantiate(cfg.loss)``) whose
+        ``ignore_index`` the file reads: a token-level loss that skips ignored (padding) labels."""
+        path = dotted(func)
+        if path is None or f"{path}.ignore_index" not in self.model.source:
+            return False
+        return any(
+            isinstance(value.func, cst.Attribute | cst.Name) and attr_name(value) == "instantiate"
+            for value, _callee in self.model.call_values(func, scope)
+        )
 
     def _local_function_origin(
         self, call: cst.Call, scope: Scope, depth: int, seen: set[int]
@@ -514,6 +546,14 @@ class TokenEvidence:
                     continue
                 origin = self._origin(side, scope, site, depth + 1, seen)
                 if origin is not None:
+                    other = expr.right if side is expr.left else expr.left
+                    if (
+                        isinstance(expr.operator, cst.Multiply)
+                        and origin.reduction == "mean"
+                        and self.is_local_token_count(other, scope, site)
+                    ):
+                        # a token mean times the microbatch's token count is the microbatch's sum
+                        return LossOrigin(expr, "token-mean loss scaled back to a sum of tokens here", "sum")
                     if isinstance(expr.operator, cst.Multiply) and origin.reduction == "none":
                         # ``per_token_loss * mask``: still per token.
                         return origin
@@ -536,6 +576,11 @@ class TokenEvidence:
             if inner is not None:
                 return self.is_local_token_count(inner, scope, site, depth + 1)
         if isinstance(expr, cst.Name):
+            if any(
+                self.is_local_token_count(v, scope, site, depth + 1)
+                for v in self._added_to(expr.value, scope, site)
+            ):
+                return True
             for s, value, index in self._assigns.get((id(scope), expr.value), ()):
                 if (
                     index is None

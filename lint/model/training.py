@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from trainlint.model.crossfile import returned_callee
 from trainlint.model.filemodel import FileModel, Frame, Scope, Site
 from trainlint.model.syntax import attr_name, dotted, first_arg, receiver, walk
 from trainlint.model.vocab import (
@@ -26,6 +27,7 @@ from trainlint.model.vocab import (
     NOT_A_STEP_COUNT,
     NOT_OPTIMIZERS,
     OPTIMIZER_PREFIXES,
+    SCALER_CLASS_SUFFIX,
 )
 
 # Names that say "optimizer" when the construction is out of sight: optimizer, optim, opt, opt_g, optD,
@@ -119,12 +121,35 @@ class Training:
             # ``GradScaler(...) if use_amp else None`` counts: the scaler path is the one that matters.
             options = [value.body, value.orelse] if isinstance(value, cst.IfExp) else [value]
             for option in options:
-                if isinstance(option, cst.Call) and self.model.qualname(option.func, scope) in GRAD_SCALERS:
+                if isinstance(option, cst.Call) and self._makes_scaler(option, scope):
                     return True
+        if "." not in key and self._scaler_parameter(key, scope):
+            return True
         used = self._method_receivers
         return key in used.get("scale", set()) and any(
             key in used.get(m, set()) for m in ("step", "update", "unscale_")
         )
+
+    def _makes_scaler(self, call: cst.Call, scope: Scope) -> bool:
+        """``GradScaler(...)``, or a call of another project file's factory that returns one."""
+        callee = self.model.qualname(call.func, scope)
+        if callee in GRAD_SCALERS:
+            return True
+        fact = self.model.elsewhere(callee)
+        returned = returned_callee(self.model, fact) if fact is not None else None
+        return returned is not None and returned[0] in GRAD_SCALERS
+
+    def _scaler_parameter(self, name: str, scope: Scope) -> bool:
+        """A parameter annotated ``GradScaler`` or named ``scaler``/``grad_scaler``/...: the caller
+        (often in another file: an "updater" or a callback) passes the trainer's scaler in."""
+        binding = self.model.lookup(name, scope)
+        if binding is None or binding.kind != "param" or not isinstance(binding.node, cst.Param):
+            return False
+        annotation = binding.node.annotation
+        if annotation is not None:
+            return (dotted(annotation.annotation) or "").endswith(SCALER_CLASS_SUFFIX)
+        lowered = name.lower()
+        return lowered.endswith("scaler") and not lowered.startswith(("lr", "sched"))
 
     def is_optimizer(self, expr: cst.CSTNode | None, scope: Scope) -> bool:
         return any(is_optimizer_class(callee) for _, callee in self.model.call_values(expr, scope))
@@ -350,3 +375,36 @@ def ddp_models(model: FileModel) -> set[str]:
                     )
                     out.update(k for k in (dotted(t) for t in targets) if k)
     return out
+
+
+def counted_by_callers(model: FileModel, expr: cst.BaseExpression, scope: Scope) -> bool:
+    """A parameter that every call of its function in the file passes as ``len(batches)`` from inside
+    a loop over ``batches``: the number of micro-batches, counted by the trainer's other method that
+    loops over them (``self.micro_step(batch, len(micro_batches))``)."""
+    binding = model.lookup(expr.value, scope) if isinstance(expr, cst.Name) else None
+    function = scope.node
+    if binding is None or binding.kind != "param" or not isinstance(function, cst.FunctionDef):
+        return False
+    params = [p.name.value for p in (*function.params.posonly_params, *function.params.params)]
+    if scope.parent is not None and scope.parent.kind == "class" and params[:1] == ["self"]:
+        params = params[1:]
+    if binding.name not in params:
+        return False
+    index, found = params.index(binding.name), False
+    for site in model.calls:
+        if model.local_callee(site) is not function:
+            continue
+        call = site.node
+        assert isinstance(call, cst.Call)
+        passed = [a.value for a in call.args if a.keyword is not None and a.keyword.value == binding.name]
+        positional_args = [a.value for a in call.args if a.keyword is None and not a.star]
+        passed += positional_args[index : index + 1]
+        value = passed[0] if passed else None
+        if not (isinstance(value, cst.Call) and model.qualname(value.func, site.scope) == "builtins.len"):
+            return False
+        counted = dotted(value.args[0].value) if value.args else None
+        loops = [f.node for f in site.frames if f.kind == "loop" and isinstance(f.node, cst.For)]
+        if counted is None or not any(dotted(loop.iter) == counted for loop in loops):  # type: ignore[attr-defined]
+            return False
+        found = True
+    return found

@@ -282,3 +282,46 @@ DATA_PARALLEL = frozenset(
         "lightning.fabric.strategies.DDPStrategy",
     }
 )
+
+# BatchNorm modules, whose forward in training mode updates running statistics (TL203).
+BATCHNORM_CLASSES = frozenset(
+    f"torch.nn.{name}" for name in ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm")
+) | frozenset(f"torch.nn.modules.batchnorm.{name}" for name in ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d"))
+
+# Dropout, as a module or a function: draws random numbers in training mode (TL204).
+DROPOUT_CALLS = frozenset(
+    {f"torch.nn.{name}" for name in ("Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout")}
+    | {f"torch.nn.functional.{name}" for name in ("dropout", "dropout1d", "dropout2d", "dropout3d")}
+)
+
+# FSDP1 (the module wrapper) under its public names (TL503, TL506).
+FSDP_CLASSES = frozenset(
+    {
+        "torch.distributed.fsdp.FullyShardedDataParallel",
+        "torch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel",
+    }
+)
+# FSDP2: shards a module in place and replaces its parameters by DTensors (TL503).
+FULLY_SHARD = frozenset(
+    {
+        "torch.distributed.fsdp.fully_shard",
+        "torch.distributed._composable.fsdp.fully_shard",
+        "torch.distributed._composable.fsdp.fully_shard.fully_shard",
+    }
+)
+# Data samplers that shard and shuffle by an epoch seed (TL505).
+DISTRIBUTED_SAMPLERS = frozenset(
+    {"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"}
+)
+DEEPSPEED_INITIALIZE = frozenset({"deepspeed.initialize"})
+# FSDP's mixed-precision configurations (TL110): FSDP1's MixedPrecision and FSDP2's policy.
+FSDP_MIXED_PRECISION = frozenset(
+    {
+        "torch.distributed.fsdp.MixedPrecision",
+        "torch.distributed.fsdp.fully_sharded_data_parallel.MixedPrecision",
+        "torch.distributed.fsdp.api.MixedPrecision",
+        "torch.distributed.fsdp.MixedPrecisionPolicy",
+        "torch.distributed._composable.fsdp.MixedPrecisionPolicy",
+        "torch.distributed.fsdp._fully_shard.MixedPrecisionPolicy",
+    }
+)

@@ -31,9 +31,34 @@ class RunReport:
     elapsed_s: float
     sources: dict[str, str] = field(default_factory=dict)  # path -> text, for code frames
     fixed: int = 0
+    excluded: int = 0  # paths the excludes skipped: a run that skipped files says so
 
     def by_rule(self) -> dict[str, int]:
         return dict(sorted(Counter(f.rule for f in self.findings).items()))
+
+    def checked(self) -> str:
+        """``3 files checked`` and, when the excludes skipped any, how many paths they skipped."""
+        text = f"{self.files} file{'s' if self.files != 1 else ''} checked"
+        if self.excluded:
+            text += f", {self.excluded} path{'s' if self.excluded != 1 else ''} excluded"
+        return text
+
+
+# Every rule's page, generated from its RuleDoc into docs/rules/ (tests/test_integration_docs.py keeps them
+# current); the one place that says where they are published.
+DOCS_URL = "https://github.com/trainlint/trainlint/blob/main/docs/rules/"
+
+
+def rule_url(rule_id: str) -> str:
+    return f"{DOCS_URL}{rule_id}.md"
+
+
+def describe_verify(verify: dict) -> str:
+    """A ``--verify`` verdict in one line: ``confirmed on cpu: <detail>``."""
+    status = verify.get("status", "?")
+    device = verify.get("device", "?")
+    detail = verify.get("detail", "")
+    return f"{status} on {device}" + (f": {detail}" if detail else "")
 
 
 @dataclass(frozen=True)
@@ -65,7 +90,7 @@ def _text(report: RunReport, options: OutputOptions) -> None:
     quiet_run = not (report.findings or report.errors or report.fixed or options.statistics or options.quiet)
     if quiet_run and plain(sys.stdout):
         # nothing to draw: no need to load rich for one uncoloured line (pre-commit, CI logs)
-        print(f"All checks passed! ({report.files} file{'s' if report.files != 1 else ''} checked)")
+        print(f"All checks passed! ({report.checked()})")
         return
     from trainlint.report.text import render_statistics, render_text
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections import Counter
 
+from rich.cells import cell_len
 from rich.console import Console
-from rich.markup import escape
+from rich.markup import escape as escape_markup
 
 from trainlint.model.text import split_lines
-from trainlint.report import RunReport
+from trainlint.report import RunReport, describe_verify
+from trainlint.report.escape import escape_controls
 from trainlint.rule import Applicability, Finding, Severity
 
 # The one place that maps severities to colours.
@@ -16,10 +18,18 @@ STYLES = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO:
 CONTEXT_LINES = 2
 
 
+def escape(text: str) -> str:
+    """Text of the linted files as rich prints it: no markup, no control characters."""
+    return escape_markup(escape_controls(text))
+
+
 def _frame(finding: Finding, source: str | None) -> list[str]:
     if source is None:
         return []
-    lines = [line.rstrip("\r\n") for line in split_lines(source, keepends=True)]
+    if finding.cell is not None:  # a notebook: the source is its JSON, the lines count within a cell
+        lines = _cell_lines(source, finding.cell)
+    else:
+        lines = [line.rstrip("\r\n") for line in split_lines(source, keepends=True)]
     if not 1 <= finding.line <= len(lines):
         return []
     first = max(1, finding.line - CONTEXT_LINES)
@@ -31,11 +41,30 @@ def _frame(finding: Finding, source: str | None) -> list[str]:
         marker = ">" if number == finding.line else " "
         out.append(f"[dim]{marker} {number:>{width}} │[/dim] {escape(text)}")
         if number == finding.line:
+            # columns count code points; the terminal counts cells (a CJK character takes two, a tab
+            # was expanded above)
+            raw = lines[number - 1]
             start = finding.column - 1
-            end = finding.end_column - 1 if finding.end_line == finding.line else len(text)
-            caret = " " * start + "^" * max(1, end - start)
+            end = finding.end_column - 1 if finding.end_line == finding.line else len(raw)
+            before = cell_len(raw[:start].expandtabs(4))
+            caret = " " * before + "^" * max(1, cell_len(raw[:end].expandtabs(4)) - before)
             out.append(f"[dim]  {'':>{width}} │[/dim] [{STYLES[finding.severity]}]{caret}[/]")
     return out
+
+
+def _cell(cell: int | None) -> str:
+    """A notebook position names its cell first, as Ruff does: ``nb.ipynb:cell 3:2:5``."""
+    return f"cell {cell}:" if cell is not None else ""
+
+
+def _cell_lines(notebook_json: str, cell: int) -> list[str]:
+    from trainlint.notebook import NotANotebook, read_notebook
+
+    try:
+        notebook = read_notebook(notebook_json)
+    except NotANotebook:
+        return []
+    return notebook.cell_lines(cell) if 1 <= cell <= len(notebook.starts) else []
 
 
 def fixable(finding: Finding, unsafe: bool) -> bool:
@@ -51,7 +80,7 @@ def render_text(
         style = STYLES[f.severity]
         mark = " [bold][*][/bold]" if fixable(f, unsafe_fixes) else ""
         console.print(
-            f"[bold]{escape(f.path)}[/bold]:{f.line}:{f.column}: [{style}]{f.rule}[/] "
+            f"[bold]{escape(f.path)}[/bold]:{_cell(f.cell)}{f.line}:{f.column}: [{style}]{f.rule}[/] "
             f"[{style}]\\[{f.severity.value}][/] {escape(f.message)}{mark}",
             highlight=False,
         )
@@ -59,7 +88,7 @@ def render_text(
             console.print(line, highlight=False)
         for r in f.related:
             console.print(
-                f"  [dim]note:[/dim] {escape(r.path)}:{r.line}:{r.column}: {escape(r.message)}",
+                f"  [dim]note:[/dim] {escape(r.path)}:{_cell(r.cell)}{r.line}:{r.column}: {escape(r.message)}",
                 highlight=False,
             )
         if f.verify:
@@ -70,20 +99,12 @@ def render_text(
     console.print(summary_line(report, unsafe_fixes=unsafe_fixes), highlight=False)
 
 
-def describe_verify(verify: dict) -> str:
-    status = verify.get("status", "?")
-    device = verify.get("device", "?")
-    detail = verify.get("detail", "")
-    return f"{status} on {device}" + (f": {detail}" if detail else "")
-
-
 def summary_line(report: RunReport, *, unsafe_fixes: bool = False) -> str:
     n = len(report.findings)
-    files = f"{report.files} file{'s' if report.files != 1 else ''}"
     if n == 0 and report.errors:
-        text = f"No findings ({files} checked), but some checks could not run."
+        text = f"No findings ({report.checked()}), but some checks could not run."
     elif n == 0:
-        text = f"[green]All checks passed![/green] ({files} checked)"
+        text = f"[green]All checks passed![/green] ({report.checked()})"
     else:
         counts = Counter(f.severity for f in report.findings)
         parts = [
@@ -91,7 +112,11 @@ def summary_line(report: RunReport, *, unsafe_fixes: bool = False) -> str:
             for s in Severity
             if counts[s]
         ]
-        text = f"Found {n} finding{'s' if n != 1 else ''} ({', '.join(parts)}) in {files}."
+        with_findings = len({f.path for f in report.findings})
+        text = (
+            f"Found {n} finding{'s' if n != 1 else ''} ({', '.join(parts)}) in {with_findings} "
+            f"file{'s' if with_findings != 1 else ''} ({report.checked()})."
+        )
         safe = sum(1 for f in report.findings if fixable(f, False))
         unsafe = sum(1 for f in report.findings if fixable(f, True)) - safe
         if safe or (unsafe and unsafe_fixes):

@@ -25,7 +25,8 @@ class Microbatch:
 @dataclass
 class AccumulationState:
     monitor: Monitor
-    pending: list[tuple[torch.Tensor, torch.Tensor, tuple[str, int]]] = field(default_factory=list)
+    # (loss, valid tokens, place, whether it is a token sum rather than a token mean)
+    pending: list[tuple[torch.Tensor, torch.Tensor, tuple[str, int], bool]] = field(default_factory=list)
     window: list[Microbatch] = field(default_factory=list)
     where: tuple[str, int] | None = None
     graphs: dict[tuple[int, str], list[int]] = field(default_factory=dict)
@@ -39,14 +40,15 @@ def install(monitor: Monitor) -> None:
             out = original(input, target, *args, **kwargs)
             reduction = kwargs.get("reduction", args[5] if len(args) > 5 else "mean")
             if (
-                reduction == "mean"
+                reduction in ("mean", "sum")
                 and torch.is_grad_enabled()
                 and isinstance(target, torch.Tensor)
                 and not target.is_floating_point()
                 and out.requires_grad
             ):
                 ignore = kwargs.get("ignore_index", args[2] if len(args) > 2 else -100)
-                state.pending.append((out, (target != ignore).sum(), user_location()))
+                valid = (target != ignore).sum()
+                state.pending.append((out, valid, user_location(), reduction == "sum"))
             return out
 
         return cross_entropy
@@ -63,17 +65,21 @@ def _backward(state: AccumulationState, loss: torch.Tensor) -> None:
     pending, state.pending = state.pending, []
     if len(pending) != 1 or loss.numel() != 1:
         return  # several losses or a non-scalar root: no single token mean to relate it to
-    mean, tokens, where = pending[0]
-    value = float(mean.detach())
+    term, tokens, where, summed = pending[0]
+    value = float(term.detach())
     if value == 0.0:
         return
-    state.window.append(Microbatch(int(tokens), float(loss.detach()) / value))
+    # the share is relative to the token mean: a token sum is the mean times the token count
+    share = float(loss.detach()) / value * (int(tokens) if summed else 1)
+    state.window.append(Microbatch(int(tokens), share))
     state.where = state.where or where
 
 
 def _window_done(state: AccumulationState) -> None:
     window, state.window = state.window, []
     where, state.where = state.where, None
+    for hook in state.monitor.on_window:
+        hook(window, where)
     if len(window) < 2 or where is None:
         return
     total_tokens = sum(m.tokens for m in window)

@@ -70,6 +70,9 @@ def parse_command(command: list[str]):  # -> Target
 
 def main(argv: list[str]) -> int:
     """Lint, run and report; returns the exit code (0 clean, 1 hazards or the script failed, 2 usage)."""
+    from trainlint.run import quiet_torch_import
+
+    quiet_torch_import()
     argv = list(argv)
     split = argv.index("--") if "--" in argv else len(argv)
     try:

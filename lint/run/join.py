@@ -51,9 +51,16 @@ def static_findings(folder: Path) -> tuple[list[Finding], list[dict[str, str]]]:
         ids = tuple(i for i in rule_ids if not matches(i, ignored))
         result = lint_text(source.text, shown, LintOptions(ids, severity))
         findings.extend(result.findings)
-        errors.extend(result.errors)
-    errors.extend({"path": str(folder), "message": p} for p in problems)
+        errors.extend(_as_json(e, str(path)) for e in result.errors)
+    errors.extend(_as_json(p, str(folder)) for p in problems)
     return findings, errors
+
+
+def _as_json(problem: Any, path: str) -> dict[str, str]:
+    """A linter problem as the JSON report's ``errors`` entry (a ``Problem``, or a plain message)."""
+    if hasattr(problem, "to_json"):
+        return problem.to_json()
+    return dict(problem) if isinstance(problem, dict) else {"path": path, "message": str(problem)}
 
 
 def display(path: str) -> str:

@@ -2,7 +2,7 @@
 (empty_cache() on every step) and TL404 (a reading before the optimizer's first step).
 
 The readings are wrapped, not polled: nothing here runs unless the user's code reads memory.
-TL402 (timing without a sync) is not checked at run time.
+TL402 (timing without a sync) is in ``timing``.
 """
 
 from __future__ import annotations

@@ -87,6 +87,9 @@ class Monitor:
         self.on_backward: list[Callable[[torch.Tensor], None]] = []
         self.on_zero_grad: list[Callable[[torch.optim.Optimizer, OptimizerInfo], None]] = []
         self.on_reset: list[Callable[[], None]] = []
+        # each accumulation window's microbatches (accumulation.Microbatch) and the place of its first
+        # loss, at every optimizer step
+        self.on_window: list[Callable[[list[Any], tuple[str, int] | None], None]] = []
         self._patches: list[tuple[Any, str, Any]] = []
         self._handles: list[Any] = []
         self._in_backward = 0
@@ -123,13 +126,13 @@ class Monitor:
         setattr(owner, name, wrapper)
 
     def install(self) -> None:
-        from trainlint.run import accumulation, amp, checkpoint, memory
+        from trainlint.run import accumulation, amp, checkpoint, distributed, memory, timing
 
         if self.installed:
             return
         self.installed = True
         self._install_core()
-        for check in (amp, accumulation, checkpoint, memory):
+        for check in (amp, accumulation, checkpoint, memory, distributed, timing):
             check.install(self)
 
     def uninstall(self) -> None:

@@ -53,10 +53,9 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     __tracebackhide__ = True  # the failure is the test's, not this hook's
     monitor.reset()
     result = yield
-    if monitor.observations:
-        lines = [
-            f"  {os.path.relpath(o.path)}:{o.line}: {o.rule} {o.message}"
-            for o in monitor.observations.values()
-        ]
+    # a hazard that cannot happen on this device (TL402 on the CPU) does not fail the test
+    hit = [o for o in monitor.observations.values() if o.measured.get("applicable", True)]
+    if hit:
+        lines = [f"  {os.path.relpath(o.path)}:{o.line}: {o.rule} {o.message}" for o in hit]
         pytest.fail(f"trainlint: this test hit {len(lines)} training hazard(s):\n" + "\n".join(lines))
     return result

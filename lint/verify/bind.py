@@ -271,10 +271,14 @@ class Synth:
                 ):
                     attr_nodes.setdefault(node.attr.value, []).append(node)
         init_lines: list[str] = ["super().__init__()"]
+        registered = self._registered(plan_init)
         for attr, nodes in attr_nodes.items():
             if attr in body_members or attr in MODULE_ATTRS or attr.startswith("__"):
                 continue
             if self._inherited(plan_def, attr):
+                continue
+            if attr in registered:
+                init_lines.append(registered[attr])
                 continue
             value = self._attr_value(scope, attr, nodes, parents, depth)
             init_lines.append(f"self.{attr} = {value}")
@@ -288,6 +292,28 @@ class Synth:
         self.plans[name] = ClassPlan(name, code, needs)
         self.order.append(name)
         return name
+
+    def _registered(self, init_def: cst.FunctionDef | None) -> dict[str, str]:
+        """``self.register_buffer("name", value)`` / ``register_parameter`` statements of the user's
+        ``__init__`` whose value needs nothing but torch and literals, by attribute name."""
+        out: dict[str, str] = {}
+        if init_def is None:
+            return out
+        model = self.plan_model
+        for node in walk(init_def):
+            if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Attribute):
+                continue
+            if dotted(node.func.value) != "self" or node.func.attr.value not in (
+                "register_buffer",
+                "register_parameter",
+            ):
+                continue
+            if not node.args or not isinstance(node.args[0].value, cst.SimpleString):
+                continue
+            carry = Carry(model)  # only to ask which values are safe: torch factories and literals
+            if all(carry.safe_value(a.value) for a in node.args[1:]):
+                out[str(node.args[0].value.evaluated_value)] = model.code(node)
+        return out
 
     def _inherited(self, classdef: cst.ClassDef, attr: str) -> bool:
         for base in classdef.bases:

@@ -181,6 +181,9 @@ def analyse_names(code: str) -> Names:
         if scope is None:
             continue
         where = (positions[node].start.line, positions[node].start.column)
+        up = parent.get(id(node))
+        if isinstance(up, cst.AugAssign) and up.target is node:
+            loads.append((where, node.value, node))  # ``n += 1`` reads ``n`` first
         if ctx is ExpressionContext.STORE or ctx is ExpressionContext.DEL:
             where = _store_point(node, parent, positions)
             if scope is scopes[module]:
@@ -350,7 +353,7 @@ class Carry:
     """Module-level statements a snippet needs, in file order, and what was bound how."""
 
     model: FileModel
-    chunks: dict[int, tuple[int, str]] = field(default_factory=dict)  # id(stmt) -> (order, code)
+    chunks: dict[object, tuple[int, str]] = field(default_factory=dict)  # id(stmt) -> (order, code)
     names: set[str] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
 
@@ -368,9 +371,12 @@ class Carry:
                     out[id(small)] = index
         return out
 
-    def _add(self, node: cst.CSTNode, code: str) -> None:
-        if id(node) not in self.chunks:
-            self.chunks[id(node)] = (self._order.get(id(node), len(self._order)), code)
+    def _add(self, node: cst.CSTNode, code: str, part: object = None) -> None:
+        """Carry ``code`` at the place of ``node``; ``part`` tells apart several names carried from
+        one statement (``VOCAB, SEQ = 32, 24``)."""
+        key = id(node) if part is None else (id(node), part)
+        if key not in self.chunks:
+            self.chunks[key] = (self._order.get(id(node), len(self._order)), code)
 
     def carry(self, name: str, *, allow_values: bool = True) -> bool:
         """Carry the module-level binding of ``name`` (import, def, class, constant). False when the
@@ -396,6 +402,15 @@ class Carry:
             self.names.add(name)
             code = code_of([node])
             self._add(node, code)
+            self.need(analyse_names(code).free, allow_values=allow_values)
+            return True
+        if binding.kind == "other" and allow_values and len(bindings) == 1:
+            value = unpacked_value(binding.node, name)  # VOCAB, SEQ = 32, 12
+            if value is None or not self.safe_value(value):
+                return False
+            self.names.add(name)
+            code = f"{name} = {self.model.code(value)}\n"
+            self._add(binding.node, code, part=name)
             self.need(analyse_names(code).free, allow_values=allow_values)
             return True
         if binding.kind == "assign" and allow_values:
@@ -441,6 +456,21 @@ class Carry:
             if isinstance(node, cst.Lambda | cst.Await | cst.Yield):
                 return False
         return True
+
+
+def unpacked_value(node: cst.CSTNode, name: str) -> cst.BaseExpression | None:
+    """The element bound to ``name`` by ``a, b = x, y`` (same length, no starred parts)."""
+    if not isinstance(node, cst.Assign) or len(node.targets) != 1:
+        return None
+    target, value = node.targets[0].target, node.value
+    if not isinstance(target, cst.Tuple | cst.List) or not isinstance(value, cst.Tuple | cst.List):
+        return None
+    if len(target.elements) != len(value.elements):
+        return None
+    for t, v in zip(target.elements, value.elements, strict=True):
+        if isinstance(t.value, cst.Name) and t.value.value == name and isinstance(v, cst.Element):
+            return v.value
+    return None
 
 
 def _import_line(stmt: cst.CSTNode, name: str) -> str:

@@ -13,7 +13,7 @@ from trainlint.model import (
     Scope,
     attr_name,
     dotted,
-    keyword,
+    int_value,
     positional,
     receiver,
     split_lines,
@@ -21,6 +21,7 @@ from trainlint.model import (
 )
 from trainlint.verify.context import TextEdit
 from trainlint.verify.source import Carry, NotExecutable, Tree, analyse_names, is_literal
+from trainlint.verify.values import argparse_defaults, file_value
 
 
 @dataclass(frozen=True)
@@ -94,41 +95,6 @@ def _is_update_statement(stmt: cst.CSTNode) -> bool:
 # binding free names
 
 
-def argparse_defaults(model: FileModel) -> dict[str, str]:
-    """``dest -> default source`` for ``add_argument("--max-norm", default=1.0)`` calls with literal
-    defaults anywhere in the file."""
-    out: dict[str, str] = {}
-    for site in model.calls:
-        call = site.node
-        assert isinstance(call, cst.Call)
-        if attr_name(call) != "add_argument":
-            continue
-        flags = [a.value for a in call.args if a.keyword is None and isinstance(a.value, cst.SimpleString)]
-        dest_kw = keyword(call, "dest")
-        default = keyword(call, "default")
-        action = keyword(call, "action")
-        value = None
-        if default is not None and is_literal(default.value):
-            value = model.code(default.value)
-        elif action is not None and isinstance(action.value, cst.SimpleString):
-            kind = action.value.evaluated_value
-            value = {"store_true": "False", "store_false": "True"}.get(str(kind))
-        if value is None:
-            continue
-        names = []
-        if dest_kw is not None and isinstance(dest_kw.value, cst.SimpleString):
-            names.append(str(dest_kw.value.evaluated_value))
-        else:
-            long = [str(f.evaluated_value) for f in flags if str(f.evaluated_value).startswith("--")]
-            short = [str(f.evaluated_value) for f in flags]
-            chosen = long[0] if long else (short[0] if short else "")
-            names.append(chosen.lstrip("-").replace("-", "_"))
-        for name in names:
-            if name:
-                out[name] = value
-    return out
-
-
 @dataclass
 class Binder:
     """Chooses a binding for each free name of a window, in order: roles given by the probe, a
@@ -190,8 +156,11 @@ class Binder:
             assert self.carry is not None
             if self.carry.carry(name):
                 continue
-            if any(a.startswith(name + ".") for a in attrs) and (
-                defaults or name in ("args", "cfg", "config", "opt", "self")
+            fields = [a for a in attrs if a.startswith(name + ".")]
+            if fields and (
+                defaults
+                or name in ("args", "cfg", "config", "opt", "self")
+                or any(file_value(self.model, self.scope, a) is not None for a in fields)
             ):
                 self.lines.append(f"{name} = __tl__.Config({name!r})")
                 self._args_fields(name, attrs, defaults)
@@ -200,13 +169,20 @@ class Binder:
             self.lines.append(f"{name} = __tl__.Unbound({name!r})")
 
     def _args_fields(self, name: str, attrs: list[str], defaults: dict[str, str]) -> None:
+        """Fields of a settings object (``args.max_norm``, ``self.clip_at``, ``self.config.clip``) set
+        to the file's own values; the objects in between are built as settings objects."""
         for attr in attrs:
             head, _, rest = attr.partition(".")
-            if head != name or not rest or "." in rest or f"{head}.{rest}" in self.roles:
+            if head != name or not rest or any(attr.startswith(r + ".") or attr == r for r in self.roles):
                 continue
-            if rest in defaults:
-                self.lines.append(f"{head}.{rest} = {defaults[rest]}")
-                self.notes.append(f"`{head}.{rest}` = {defaults[rest]} (argparse default)")
+            found = file_value(self.model, self.scope, attr)
+            if found is None:
+                continue
+            if "." in rest:
+                self.lines.append(f"__tl__.set_path({head}, {rest!r}, {found.code})")
+            else:
+                self.lines.append(f"{attr} = {found.code}")
+            self.notes.append(found.note(attr))
 
 
 def optimizer_construction(
@@ -244,25 +220,6 @@ def parameters_receivers(expr: cst.CSTNode) -> list[str]:
     return out
 
 
-def _int_value(expr: cst.BaseExpression) -> int | None:
-    """The value of an integer literal or of literal integer arithmetic (``5 * 8``)."""
-    if isinstance(expr, cst.Integer):
-        return int(expr.value, 0)
-    if isinstance(expr, cst.BinaryOperation):
-        left, right = _int_value(expr.left), _int_value(expr.right)
-        if left is None or right is None:
-            return None
-        if isinstance(expr.operator, cst.Add):
-            return left + right
-        if isinstance(expr.operator, cst.Subtract):
-            return left - right
-        if isinstance(expr.operator, cst.Multiply):
-            return left * right
-        if isinstance(expr.operator, cst.FloorDivide) and right:
-            return left // right
-    return None
-
-
 def accumulation_count(model: FileModel, scope, divisor: cst.BaseExpression) -> tuple[int, list[str]]:
     """K as the file defines it (a literal, a local constant or parameter default, an argparse
     default), else 4, with a note saying where it came from."""
@@ -275,15 +232,15 @@ def accumulation_count(model: FileModel, scope, divisor: cst.BaseExpression) -> 
         if value is not None and value.isdigit():
             return int(value), []
         values = model.values_of(divisor, scope)
-        if len(values) == 1 and _int_value(values[0]) is not None:
-            return int(_int_value(values[0])), []  # type: ignore[arg-type]
+        if len(values) == 1 and int_value(values[0], arithmetic=True) is not None:
+            return int(int_value(values[0], arithmetic=True)), []  # type: ignore[arg-type]
         if len(values) == 1 and dotted(values[0]):
             candidates.append(dotted(values[0]) or "")
+        candidates.append(text)  # a module constant unpacked from a tuple (ACCUM, SEQ = 4, 12)
     elif dotted(divisor):
         candidates.append(text)
-    defaults = argparse_defaults(model)
     for candidate in candidates:
-        last = candidate.split(".")[-1]
-        if last in defaults and defaults[last].isdigit():
-            return int(defaults[last]), [f"`{candidate}` = {defaults[last]} (argparse default)"]
+        found = file_value(model, scope, candidate)
+        if found is not None and found.code.isdigit():
+            return int(found.code), [found.note(candidate)]
     return 4, [f"`{text}` taken as 4 (its value is not in the file)"]

@@ -23,7 +23,7 @@ from trainlint.model import (
 )
 from trainlint.model.losses import Division, division_reaches_backward, divisions, snippet
 from trainlint.model.tokens import LossOrigin, token_evidence
-from trainlint.model.training import is_step_count_name, modulo_divisors
+from trainlint.model.training import counted_by_callers, is_step_count_name, modulo_divisors
 
 
 class AccumulationMeanOfMeans(Rule):
@@ -34,7 +34,8 @@ class AccumulationMeanOfMeans(Rule):
     summary = "A token-mean loss divided by the number of accumulation steps: microbatches weigh the same whatever their token counts."
     # Prefilter: a backward call (`backward_calls`); a division (`/`, `/=`, `* (1 / n)`, `.div(n)`); a
     # step-count divisor (`is_step_count_name` lower-cases: "acc"/"gas" in every letter case; a `%`
-    # condition's divisor; a backslash for an escaped string key); padding evidence (one of the words
+    # condition's divisor; a backslash for an escaped string key; `len(` for a micro-batch count that
+    # another method passes, see ``counted_by_callers``); padding evidence (one of the words
     # `TokenEvidence._scan` looks for in the raw text before walking, or a PADDING_DATA import/call).
     tokens = ("backward",)
     requires = (
@@ -43,7 +44,7 @@ class AccumulationMeanOfMeans(Rule):
         (
             *("acc", "Acc", "aCc", "acC", "ACc", "AcC", "aCC", "ACC"),
             *("gas", "Gas", "gAs", "gaS", "GAs", "GaS", "gAS", "GAS"),
-            *("%", "\\"),
+            *("%", "\\", "len("),
         ),
         (
             *("attention_mask", "pad_token", "pad_id", "pad_index", "padding", "pad_to_multiple_of"),
@@ -229,8 +230,62 @@ class AccumulationMeanOfMeans(Rule):
         loss = loss / args.gradient_accumulation_steps
         loss.backward()
         """,
+        # the same trainer done right: a summed loss over the window's valid tokens, which the other
+        # method counts and passes
+        """
+        import torch.nn.functional as F
+
+        class Trainer:
+            def micro_step(self, batch, n_tokens):
+                logits, labels = self.model(batch["input_ids"]), batch["labels"]
+                loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum")
+                (loss / n_tokens).backward()
+
+            def train_step(self, micro_batches):
+                tokens = sum(int((b["labels"] != -100).sum()) for b in micro_batches)
+                for batch in micro_batches:
+                    self.micro_step(batch, tokens)
+        """,
+        # a loss from config scaled back to a token sum before the window's division
+        """
+        from mylib import config
+
+        class Recipe:
+            def setup(self, cfg, tokenizer):
+                self.criterion = config.instantiate(cfg.criterion)
+                self.collate = config.collate(pad_id=tokenizer.pad_id)
+
+            def fit(self, loader):
+                for i, batch in enumerate(loader):
+                    n = (batch["labels"] != self.criterion.ignore_index).sum()
+                    loss = self.criterion(self.net(batch["ids"]), batch["labels"]) * n
+                    loss = loss / self.grad_accum
+                    loss.backward()
+        """,
     )
     invalid = (
+        # a loss built from config (its `ignore_index` read here), computed by a method of the class
+        Invalid(
+            """
+            from mylib import config
+
+            class Recipe:
+                def setup(self, cfg, tokenizer):
+                    self.criterion = config.instantiate(cfg.criterion)
+                    self.collate = config.collate(pad_id=tokenizer.pad_id, ignore=self.criterion.ignore_index)
+
+                def step_loss(self, batch):
+                    out = self.criterion(self.net(batch["ids"]), batch["labels"])
+                    return out
+
+                def fit(self, loader):
+                    for i, batch in enumerate(loader):
+                        loss = self.step_loss(batch)
+                        loss = loss / self.grad_accum
+                        loss.backward()
+            """,
+            line=15,
+        ),
         # HF causal LM, padded batches, `.loss` traced through `outputs`
         Invalid(
             """
@@ -369,6 +424,24 @@ class AccumulationMeanOfMeans(Rule):
             """,
             line=5,
         ),
+        # the trainer split in two: one method's token mean divided by the count the other passes
+        Invalid(
+            """
+            import torch.nn.functional as F
+
+            class Trainer:
+                def micro_step(self, batch, n_micro):
+                    logits, labels = self.model(batch["input_ids"]), batch["labels"]
+                    loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+                    (loss / n_micro).backward()
+
+                def train_step(self, micro_batches):
+                    for batch in micro_batches:
+                        self.micro_step(batch, len(micro_batches))
+                    self.optimizer.step()
+            """,
+            line=7,
+        ),
     )
 
     def check(self, model: FileModel) -> Iterator[Diagnostic]:
@@ -442,7 +515,11 @@ class AccumulationMeanOfMeans(Rule):
         path = dotted(expr)
         if path is None:
             return False
-        if path not in modulo and not is_step_count_name(path.rsplit(".", 1)[-1]):
+        if (
+            path not in modulo
+            and not is_step_count_name(path.rsplit(".", 1)[-1])
+            and not counted_by_callers(model, expr, scope)
+        ):
             return False
         return not self._counts_tokens(model, expr, scope)
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from typing import Any
 
 import libcst as cst
 
@@ -26,12 +28,12 @@ from trainlint.model import (
     grad_disabled,
     in_loop,
     innermost_loop,
-    is_backward_call,
-    positional,
     walk,
 )
+from trainlint.model.crossfile import backward_returned, related_elsewhere
 from trainlint.model.losses import backward_calls, names_reach_backward, snippet
 from trainlint.model.training import is_step_count_name
+from trainlint.rules.accumulation._losses import backward_losses
 from trainlint.rules.accumulation._uses import Uses, name_references, parent_map
 
 
@@ -49,6 +51,13 @@ class LossAccumulatedWithGraph(Rule):
         call_pattern("backward"),
         ("+", "append"),
     )
+    # a helper of another project file may run the backward of the loss it returns (`loss = step(b)`)
+    project_requires = (("+", "append"), ("for", "while"), re.compile(r"loss\w*\s*=\s*[\w.]+\("))
+
+    @classmethod
+    def wants_fact(cls, kind: str, facts: dict[str, Any]) -> bool:
+        return kind == "function" and "returns_loss" in facts
+
     has_fix = True
     doc = RuleDoc(
         what=(
@@ -87,19 +96,18 @@ class LossAccumulatedWithGraph(Rule):
             "    total_loss += loss.item()  # or loss.detach() to avoid a sync per step"
         ),
         fix_safety=(
-            "The fix appends `.item()` or `.detach()` to the loss where it is added or appended. It "
-            "looks at every use of the total in the same function: when each one also works with a "
-            "Python number (arithmetic, comparisons, f-strings, `print`, `float`, `sum`, `len`, "
-            "`math`/`numpy`/`statistics`, logger and `add_scalar` calls) and the total starts as a "
-            "number or an empty list, it uses `.item()`; otherwise (`torch.stack(losses)`, "
-            "`total.item()`, `dist.all_reduce(total)`, a method called on the loss, or a use it "
-            "cannot classify) it uses `.detach()`. `.detach()` is safe: the total keeps its value, "
-            "dtype, device and type and only stops recording the graph, which nothing needs (the "
-            "rule only reports totals that are not backpropagated in the function); it is marked "
-            "unsafe when the total leaves the function (returned, stored on `self` or in a "
-            "container), where code out of sight might still differentiate it. `.item()` is always "
-            "unsafe: the total becomes a Python float, accumulated in double precision, each call "
-            "waits for the GPU, and it raises if the loss has more than one element."
+            "The fix appends `.detach()` (not `.item()`, which waits for the GPU on every "
+            "iteration) to the loss where it is added or appended. It looks at every use of the "
+            "total in the same function. When the total starts as a Python number or an empty list "
+            "and each use also works with a number (arithmetic, comparisons, f-strings, `print`, "
+            "`float`, `sum`, `len`, `math`/`numpy`/`statistics`, logger and `add_scalar` calls), the "
+            "fix is unsafe: the total becomes a 0-d tensor, which those uses take but code that "
+            "needs a real float (`json.dumps`, `isinstance`) does not. Otherwise "
+            "(`torch.stack(losses)`, `total.item()`, `dist.all_reduce(total)`) it is safe: the total "
+            "keeps its value, dtype, device and type and only stops recording the graph, which "
+            "nothing needs (the rule only reports totals that are not backpropagated in the "
+            "function); it is marked unsafe when the total leaves the function (returned, stored on "
+            "`self` or in a container), where code out of sight might still differentiate it."
         ),
         references=(
             "https://pytorch.org/docs/stable/notes/faq.html#my-model-reports-cuda-runtime-error-2-out-of-memory",
@@ -361,7 +369,7 @@ class LossAccumulatedWithGraph(Rule):
             """,
             line=4,
         ),
-        # unsafe fix: item when every use takes a number
+        # unsafe fix: detach (no sync per step) when every use takes a number; the total becomes a tensor
         Invalid(
             """
             total_loss = 0.0
@@ -378,11 +386,11 @@ class LossAccumulatedWithGraph(Rule):
                 loss = crit(model(x), y)
                 loss.backward()
                 # running total for the log
-                total_loss += loss.item()  # summed over the epoch
+                total_loss += loss.detach()  # summed over the epoch
             print(f"loss {total_loss / len(loader):.4f}")
             """,
         ),
-        # unsafe fix: item for every reference of the loss
+        # unsafe fix: detach for every reference of the loss
         Invalid(
             """
             def epoch(model, loader, writer):
@@ -401,8 +409,8 @@ class LossAccumulatedWithGraph(Rule):
                 for x, y in loader:
                     loss = crit(model(x), y)
                     loss.backward()
-                    running += loss.item() * x.size(0) + (  # weighted
-                        loss.item()
+                    running += loss.detach() * x.size(0) + (  # weighted
+                        loss.detach()
                     )
                 writer.add_scalar("loss", running / len(loader))
             """,
@@ -559,6 +567,7 @@ class LossAccumulatedWithGraph(Rule):
                         (backward.node, "the loss is backpropagated here", LossAccumulatedWithGraph.BACKWARD),
                     ),
                     fix=detach_fix(model, site, target, added, key, is_list=isinstance(statement, cst.Call)),
+                    elsewhere=related_elsewhere(backward_returned(model, backward), self.BACKWARD),
                 )
                 break
 
@@ -611,8 +620,10 @@ class LossAccumulatedWithGraph(Rule):
                 if s.scope is site.scope
                 and s.order < site.order
                 and isinstance(s.node, cst.Assign)
-                and any(_target_key(t.target) == key for t in s.node.targets)
+                and any((_target_key(t.target) or "").split("[")[0] == key for t in s.node.targets)
             ]
+            # ``output['loss'] = output['loss'].detach()`` before ``outputs.append(output)``: the
+            # tensor the backward ran on is no longer held (the key is the container's name)
             if earlier and _is_detaching(model, earlier[-1].node.value, site.scope):  # type: ignore[union-attr]
                 return False
         return True
@@ -674,51 +685,6 @@ DETACHING_METHODS = frozenset({"item", "detach", "detach_", "tolist", "numpy"})
 DETACHING_FUNCTIONS = frozenset({"builtins.float", "builtins.int", "builtins.round"})
 
 
-def backward_losses(model: FileModel, scope: Scope) -> list[tuple[str, Site]]:
-    """The dotted loss expressions the scope's backward calls differentiate: ``loss`` in
-    ``loss.backward()``, ``accelerator.backward(loss)``, ``scaler.scale(loss / n).backward()``."""
-    out = []
-    for site in backward_calls(model, scope):
-        call = site.node
-        assert isinstance(call, cst.Call)
-        if not is_backward_call(call):
-            # a helper of this file that runs the backward: its loss-named arguments
-            for arg in call.args:
-                key = dotted(arg.value)
-                if key is not None and "loss" in key.rsplit(".", 1)[-1].lower():
-                    out.append((key, site))
-            continue
-        args = positional(call)
-        if args:
-            expr: cst.CSTNode = args[0]
-        elif isinstance(call.func, cst.Attribute):
-            expr = call.func.value
-        else:
-            continue
-        if isinstance(expr, cst.Call) and attr_name(expr) == "scale" and positional(expr):
-            expr = positional(expr)[0]
-        for node in _value_references(expr):
-            key = dotted(node)
-            if key is not None:
-                out.append((key, site))
-    return out
-
-
-def _value_references(expr: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    """Maximal Name/Attribute chains of ``expr`` that are values (not called functions)."""
-    if isinstance(expr, cst.Name | cst.Attribute) and dotted(expr) is not None:
-        yield expr
-        return
-    if isinstance(expr, cst.Call):
-        if isinstance(expr.func, cst.Attribute):
-            yield from _value_references(expr.func.value)
-        for arg in expr.args:
-            yield from _value_references(arg.value)
-        return
-    for child in expr.children:
-        yield from _value_references(child)
-
-
 def _target_key(expr: cst.CSTNode) -> str | None:
     """``total``, ``self.total``, ``stats['loss']`` as text."""
     key = dotted(expr)
@@ -756,7 +722,7 @@ def _references(
 def detach_fix(
     model: FileModel, site: Site, target: str, added: cst.BaseExpression, key: str, is_list: bool
 ) -> FixSpec | None:
-    """Append ``.item()`` or ``.detach()`` to every attached reference of ``key`` in ``added``."""
+    """Append ``.detach()`` to every attached reference of ``key`` in ``added``."""
     refs = [node for node, detached in _references(model, added, key, site.scope, False) if not detached]
     if not refs:
         return None
@@ -769,10 +735,13 @@ def detach_fix(
     uses = Uses(model, site.scope, parents, name_references(parents, site.scope.node)).of_total(
         target, is_list
     )
+    # ``.detach()``, never ``.item()``: ``.item()`` waits for the GPU on every iteration
+    method = "detach"
     if not receivers and uses <= {"number"}:
-        method, applicability = "item", Applicability.UNSAFE
+        # the total turns from a Python number into a 0-d tensor: arithmetic, formatting and logging
+        # take it, code that needs a real float (json, isinstance) would not
+        applicability = Applicability.UNSAFE
     else:
-        method = "detach"
         applicability = Applicability.UNSAFE if "escape" in uses else Applicability.SAFE
     return FixSpec(
         applicability,

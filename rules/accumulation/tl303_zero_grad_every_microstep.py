@@ -316,6 +316,52 @@ class ZeroGradEveryMicrostep(Rule):
                     lr_scheduler.step()
             """,
         ),
+        # unsafe fix: the blank line under the moved call goes with it (no blank line opens the loop)
+        Invalid(
+            """
+            for i, (x, y) in enumerate(loader):
+                optimizer.zero_grad()  # clear
+
+                # forward
+                loss = crit(model(x), y) / accum
+                loss.backward()
+                if (i + 1) % accum == 0:
+                    optimizer.step()
+            """,
+            unsafe_fix="""
+            for i, (x, y) in enumerate(loader):
+                # forward
+                loss = crit(model(x), y) / accum
+                loss.backward()
+                if (i + 1) % accum == 0:
+                    optimizer.step()
+                    optimizer.zero_grad()  # clear
+            """,
+        ),
+        # unsafe fix: the blank line under the moved call goes with it (no doubled blank line)
+        Invalid(
+            """
+            for i, (x, y) in enumerate(loader):
+                loss = crit(model(x), y) / accum
+                loss.backward()
+                if (i + 1) % accum == 0:
+                    optimizer.step()  # update
+
+                optimizer.zero_grad()  # clear
+
+            print("done")
+            """,
+            unsafe_fix="""
+            for i, (x, y) in enumerate(loader):
+                loss = crit(model(x), y) / accum
+                loss.backward()
+                if (i + 1) % accum == 0:
+                    optimizer.step()  # update
+                    optimizer.zero_grad()  # clear
+
+            print("done")
+            """,
+        ),
         # unsafe fix: after the branch with a scaler
         Invalid(
             """
@@ -449,12 +495,14 @@ class ZeroGradEveryMicrostep(Rule):
         content = "".join(line + "\n" for line in whole_lines(model, step_statement)) + moved
         if ends_file(model, step_statement):
             content = content[:-1]
+        first = block.body[0] is zero_statement
         return FixSpec(
             Applicability.UNSAFE,
             f"Move `{model.code(zero.call.func)}()` right after the step on line "
             f"{model.position(step.call).start.line}",
             (
                 TextEditSpec(zero_statement, "delete_lines", ""),
+                *_orphaned_blank_lines(model, zero_statement, first),
                 TextEditSpec(step_statement, "delete_lines", content),
             ),
         )
@@ -510,3 +558,22 @@ def _optimizer_expr(event: Event) -> cst.BaseExpression | None:
         args = positional(event.call)
         return args[0] if args else None
     return receiver(event.call)
+
+
+def _orphaned_blank_lines(model: FileModel, statement: cst.CSTNode, first: bool) -> Iterator[TextEditSpec]:
+    """Deletions of the blank lines right after a statement that is moved away, when they would be
+    left at the top of its block or doubled with the blank lines before it."""
+    start, end = model.position(statement).start.line, model.position(statement).end.line
+    if not first and (start < 2 or model.lines[start - 2].strip()):
+        return
+    blank = {}
+    stack: list[cst.CSTNode] = [model.module]
+    while stack:  # the blank lines are nodes (EmptyLine) of whatever statement follows
+        node = stack.pop()
+        if isinstance(node, cst.EmptyLine) and node.comment is None:
+            blank[model.position(node).start.line] = node
+        stack.extend(node.children)
+    line = end + 1
+    while line in blank:
+        yield TextEditSpec(blank[line], "replace", "")
+        line += 1

@@ -31,6 +31,7 @@ from trainlint.model import (
     source_text,
     walk,
 )
+from trainlint.model.crossfile import Elsewhere, related_elsewhere, shown_path
 from trainlint.rules.amp._shared import optimizer_text
 
 
@@ -55,6 +56,9 @@ class ClipBeforeUnscale(Rule):
         method_call_pattern("backward"),
         method_call_pattern("step"),
     )
+    # An updater in another file than the scaled backward: the clip and the scaler's step are here.
+    project_requires = (("clip_grad",), ("utils",), ("step",), method_call_pattern("step"))
+    project_callers = True
     has_fix = True
     doc = RuleDoc(
         what=(
@@ -435,13 +439,15 @@ class ClipBeforeUnscale(Rule):
         if not later_steps:
             return
         backwards = [e for e in events if e.kind == "scaled_backward" and e.order < clip.order and on_path(e)]
+        caller = None
         if backwards:
             backward = backwards[-1]
             window_start = backward.order
         else:
             # The scaled backward may sit in another method of the same trainer class.
             found = self._backward_elsewhere(model, training, site, later_steps)
-            if found is None:
+            caller = None if found is not None else scaled_by_caller(model, site, later_steps)
+            if found is None and caller is None:
                 return
             backward, window_start = found, -1
         if any(window_start < e.order < clip.order for e in steps):
@@ -462,9 +468,11 @@ class ClipBeforeUnscale(Rule):
         first_clip = not any(
             e.kind == "clip" and on_path(e) and window_start < e.order < clip.order for e in events
         )
-        scaler = step.key or backward.key or "scaler"
+        scaler = step.key or (backward.key if backward else None) or "scaler"
         clip_name = attr_name(clip.call) or "clip"
-        related = ((backward.call, "scaled backward here", ClipBeforeUnscale.SCALED_BACKWARD),)
+        related = (
+            ((backward.call, "scaled backward here", ClipBeforeUnscale.SCALED_BACKWARD),) if backward else ()
+        )
         if later_unscales:
             moved = later_unscales[0]
             message = (
@@ -481,7 +489,8 @@ class ClipBeforeUnscale(Rule):
                 f"`{scaler}.unscale_({optimizer or 'optimizer'})` before clipping."
             )
             fix = self._insert_fix(model, site, later_steps, scaler, optimizer) if first_clip else None
-        yield Diagnostic(clip.call, message, related=related, fix=fix)
+        elsewhere = related_elsewhere(caller, ClipBeforeUnscale.SCALED_BACKWARD)
+        yield Diagnostic(clip.call, message, related=related, fix=fix, elsewhere=elsewhere)
 
     @staticmethod
     def _backward_elsewhere(
@@ -579,3 +588,30 @@ def helper_does(model: FileModel, training: Training, site: Site, kind: str) -> 
     fn = model.local_callee(site)
     scope = model.scope_for(fn) if fn is not None else None
     return scope is not None and bool(training.events_in(scope, kind))
+
+
+def scaled_by_caller(model: FileModel, site: Site, steps: list[Event]) -> Elsewhere | None:
+    """The scaler stepped here is a parameter of a module-level function (an "updater") that another
+    project file calls after its scaled backward, without an ``unscale_`` in between: where it does."""
+    keys = {e.key for e in steps if e.key}
+    scope = site.scope
+    function = scope.node
+    if len(keys) != 1 or model.project is None or not isinstance(function, cst.FunctionDef):
+        return None
+    if scope.parent is not model.module_scope:
+        return None
+    (key,) = keys
+    binding = model.lookup(key, scope)
+    if binding is None or binding.kind != "param":
+        return None
+    params = [p.name.value for p in (*function.params.posonly_params, *function.params.params)]
+    for path, call in model.project.callers(model.project.path, function.name.value):
+        passed = call["keywords"].get(key)
+        if passed is None and key in params and params.index(key) < len(call["args"]):
+            passed = call["args"][params.index(key)]
+        if passed and call["after_scaled_backward"] and not call["after_unscale"]:
+            line, column = call["at"]
+            return Elsewhere(
+                shown_path(path), line, column, f"passes `{passed}` after its scaled backward here"
+            )
+    return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import libcst as cst
 
@@ -32,6 +33,7 @@ from trainlint.model import (
     walk,
     walk_scope,
 )
+from trainlint.model.crossfile import converted_arguments, returned_half_modules
 from trainlint.model.vocab import (
     MASTER_WEIGHT_CALLS,
     MASTER_WEIGHT_INITIALIZERS,
@@ -59,6 +61,14 @@ class HalfInsteadOfAutocast(Rule):
         ("optim", "adam", "lamb", "AdamW", "Adafactor", "lion_pytorch"),
         method_call_pattern("parameters", "named_parameters"),
     )
+    # A conversion made by a helper in another project file leaves no 16-bit token in this one.
+    project_requires = requires
+    CONVERSION = "conversion"
+
+    @classmethod
+    def wants_fact(cls, kind: str, facts: dict[str, Any]) -> bool:
+        return kind == "function" and bool(facts["half"] or facts.get("returns_half"))
+
     doc = RuleDoc(
         what=(
             "Reports a module converted to 16-bit storage (`model.half()`, `model.bfloat16()`, "
@@ -300,13 +310,43 @@ class HalfInsteadOfAutocast(Rule):
 
     def check(self, model: FileModel) -> Iterator[Diagnostic]:
         training = model.training
-        conversions = training.of_kind("conversion")
-        if not conversions or master_weight_machinery(model):
-            return
         optimizers = training.of_kind("optimizer")
-        if not optimizers:
+        if not optimizers or master_weight_machinery(model):
             return
-        for conversion in conversions:
+        yield from self._converted_here(model, training, optimizers)
+        if model.project is not None:
+            yield from self._converted_elsewhere(model, training, optimizers)
+
+    def _converted_elsewhere(
+        self, model: FileModel, training: Training, optimizers: list[Event]
+    ) -> Iterator[Diagnostic]:
+        """``convert_weights(model)`` of another project file converts its argument in place; the
+        optimizer here then trains 16-bit parameters. Reported at the optimizer, which is what the
+        user changes (or the call), with the conversion in the other file as a related location."""
+        for site in model.calls:
+            converted = [(dotted(arg), where) for arg, where in converted_arguments(model, site)]
+            for key, where in converted + returned_half_modules(model, site):
+                if key is None or inference_context(model, site):
+                    continue
+                found = self._optimizer_for(model, training, site, key, optimizers)
+                if found is None:
+                    continue
+                yield Diagnostic(
+                    found.call,
+                    f"This optimizer trains `{key}`, which `{model.code(site.node.func)}` on line "
+                    f"{line_of(model, site.node)} converted to 16-bit ({where.path}, line {where.line}): "
+                    "updates smaller than the 16-bit spacing round away. Keep the parameters in fp32 "
+                    "and run the forward pass under `torch.autocast(...)`.",
+                    related=(
+                        (site.node, "converted to 16-bit by this call", HalfInsteadOfAutocast.CONVERSION),
+                    ),
+                    elsewhere=(where.related(HalfInsteadOfAutocast.CONVERSION),),
+                )
+
+    def _converted_here(
+        self, model: FileModel, training: Training, optimizers: list[Event]
+    ) -> Iterator[Diagnostic]:
+        for conversion in training.of_kind("conversion"):
             key = converted_module(conversion)
             if key is None or inference_context(model, conversion.site):
                 continue

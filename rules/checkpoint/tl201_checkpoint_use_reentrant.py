@@ -19,7 +19,7 @@ from trainlint.model import (
     has_star_kwargs,
     keyword,
 )
-from trainlint.rules.checkpoint._shared import checkpoint_calls
+from trainlint.rules.checkpoint._shared import checkpoint_calls, factory_checkpoint_calls
 
 
 class CheckpointUseReentrant(Rule):
@@ -121,6 +121,18 @@ class CheckpointUseReentrant(Rule):
         from megatron.core import tensor_parallel
         y = tensor_parallel.checkpoint(f, False, x)
         """,
+        # a factory that only ever returns another library's checkpoint
+        """
+        import deepspeed
+
+        def get_ckpt():
+            fn = deepspeed.checkpointing.checkpoint
+            return fn
+
+        def run(blocks, x):
+            ckpt = get_ckpt()
+            return ckpt(blocks, x)
+        """,
         # a reference, not a call
         """
         from torch.utils.checkpoint import checkpoint
@@ -164,6 +176,27 @@ class CheckpointUseReentrant(Rule):
             y = checkpoint.checkpoint(f, x)
             """,
             line=2,
+        ),
+        # a factory of this file that returns torch's checkpoint unless DeepSpeed is set up
+        Invalid(
+            """
+            import deepspeed
+            import torch.utils.checkpoint
+
+            def get_ckpt():
+                if deepspeed.checkpointing.is_configured():
+                    fn = deepspeed.checkpointing.checkpoint
+                else:
+                    fn = torch.utils.checkpoint.checkpoint
+                return fn
+
+            def run(blocks, x):
+                ckpt = get_ckpt()
+                for block in blocks:
+                    x = ckpt(block, x)
+                return x
+            """,
+            line=14,
         ),
         Invalid(
             """
@@ -252,4 +285,16 @@ class CheckpointUseReentrant(Rule):
                 "variant, which drops parameter gradients when no input requires grad; pass "
                 "`use_reentrant=False`.",
                 fix=fix,
+            )
+        for _site, call, returned in factory_checkpoint_calls(model):
+            if keyword(call, "use_reentrant") is not None or has_star_kwargs(call):
+                continue
+            # no fix: the factory may hand back another implementation (DeepSpeed's) without the keyword
+            yield Diagnostic(
+                call,
+                f"`{model.code(call.func)}` can be torch's checkpoint (the factory returns it here) and is "
+                "called without `use_reentrant=`: the implicit default is the deprecated reentrant "
+                "variant, which drops parameter gradients when no input requires grad; pass "
+                "`use_reentrant=False` when it is torch's.",
+                related=((returned, "the factory returns torch's checkpoint here", "factory"),),
             )

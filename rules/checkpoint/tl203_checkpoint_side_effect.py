@@ -21,11 +21,19 @@ from trainlint.model import (
     dotted,
     has_star_kwargs,
     keyword,
+    positional,
     receiver,
     walk,
 )
-from trainlint.model.targets import Target, called_functions
-from trainlint.rules.checkpoint._shared import checkpoint_sites, constant_value, self_attr_callee
+from trainlint.model.crossfile import class_side_effects, constructed_class
+from trainlint.model.targets import Target, called_functions, resolve_checkpoint_target
+from trainlint.model.vocab import BATCHNORM_CLASSES
+from trainlint.rules.checkpoint._shared import (
+    checkpoint_calls,
+    checkpoint_sites,
+    constant_value,
+    self_attr_callee,
+)
 
 
 class CheckpointSideEffect(Rule):
@@ -34,6 +42,7 @@ class CheckpointSideEffect(Rule):
     severity = Severity.WARNING
     probe = True
     CHECKPOINT = "checkpoint-call"
+    EFFECT = "side-effect"
     summary = "A function run under checkpoint() has side effects, which happen again when it is recomputed."
     # Every finding needs torch's checkpoint (see TL201); the side effects have too many forms to require.
     tokens = ("checkpoint",)
@@ -363,6 +372,34 @@ class CheckpointSideEffect(Rule):
     )
 
     def check(self, model: FileModel) -> Iterator[Diagnostic]:
+        yield from self._in_this_file(model)
+        if model.project is not None:
+            yield from self._in_other_files(model)
+
+    def _in_other_files(self, model: FileModel) -> Iterator[Diagnostic]:
+        """A module built from a class of another project file, checkpointed here, whose forward has
+        a side effect there: reported here, where the checkpoint call can change, with the effect as
+        a related location in the other file."""
+        for site, call in checkpoint_calls(model):
+            if resolve_checkpoint_target(model, site) is not None:
+                continue
+            args = positional(call)
+            if model.qualname(call.func, site.scope) == "functools.partial":
+                args = args[1:]
+            fact = constructed_class(model, args[0], site.scope) if args else None
+            effects = class_side_effects(model, fact) if fact is not None else []
+            if fact is None or not effects:
+                continue
+            first = effects[0]
+            yield Diagnostic(
+                call,
+                f"`{model.code(args[0])}` is a `{fact.name}`, whose forward runs under checkpoint() here: "
+                f"{first.what} ({first.path}, line {first.line}), and recomputation during backward "
+                "repeats it; checkpoint a part without the side effect, or move the effect out.",
+                elsewhere=tuple(e.related(CheckpointSideEffect.EFFECT) for e in effects),
+            )
+
+    def _in_this_file(self, model: FileModel) -> Iterator[Diagnostic]:
         reported: set[int] = set()
         for site, call, target in checkpoint_sites(model):
             line = model.position(call).start.line
@@ -432,9 +469,7 @@ SEEDING = frozenset(
 )
 
 
-BATCHNORMS = frozenset(
-    f"torch.nn.{name}" for name in ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm")
-) | frozenset(f"torch.nn.modules.batchnorm.{name}" for name in ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d"))
+BATCHNORMS = BATCHNORM_CLASSES
 
 
 GRAD_ENABLED = frozenset({"torch.is_grad_enabled"})

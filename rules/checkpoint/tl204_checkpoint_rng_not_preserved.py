@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from typing import Any
 
 import libcst as cst
 
@@ -15,10 +17,18 @@ from trainlint.api import (
 )
 from trainlint.model import (
     FileModel,
+    dotted,
     keyword,
 )
-from trainlint.model.targets import Target, called_functions
-from trainlint.rules.checkpoint._shared import checkpoint_sites, constant_value, self_attr_callee
+from trainlint.model.crossfile import checkpoint_wrapper, class_randomness, constructed_class
+from trainlint.model.targets import Target, called_functions, resolve_callable
+from trainlint.model.vocab import CHECKPOINT_FUNCTIONS
+from trainlint.rules.checkpoint._shared import (
+    checkpoint_calls,
+    checkpoint_sites,
+    constant_value,
+    self_attr_callee,
+)
 
 
 class CheckpointRngNotPreserved(Rule):
@@ -37,6 +47,15 @@ class CheckpointRngNotPreserved(Rule):
         ("torch",),
         tuple(a + "utils" for a in ".\t\n\r\f (,"),
     )
+    # A wrapper of another file holds the `False` (a parameter default) and the checkpoint call, maybe
+    # the dropout too; what is left here is a call of the wrapper, whose name says "checkpoint" (not
+    # one that saves or loads a checkpoint).
+    project_requires = (re.compile(r"(?<!\w)(?!save_|load_|resume_)\w*checkpoint\w*\s*\("),)
+
+    @classmethod
+    def wants_fact(cls, kind: str, facts: dict[str, Any]) -> bool:
+        return kind == "function" and any("preserve_rng_state" in c["keywords"] for c in facts["calls"])
+
     doc = RuleDoc(
         what=(
             "Reports a checkpoint call with `preserve_rng_state=False` whose function (resolved as for "
@@ -115,8 +134,37 @@ class CheckpointRngNotPreserved(Rule):
             def forward(self, x):
                 return checkpoint(self.inner, x, use_reentrant=False, preserve_rng_state=False)
         """,
+        # the flag is computed the right way round: preserved whenever a dropout rate is set
+        """
+        from functools import partial
+        from torch.utils.checkpoint import checkpoint
+
+        def make_ckpt(cfg):
+            keep_rng = cfg.attn_dropout > 0.0 or cfg.resid_dropout > 0.0
+            return partial(checkpoint, preserve_rng_state=keep_rng, use_reentrant=False)
+        """,
+        """
+        from functools import partial
+        from torch.utils.checkpoint import checkpoint
+
+        def make_ckpt(cfg):
+            keep_rng = not (cfg.attn_dropout == 0.0 and cfg.resid_dropout == 0.0)
+            return partial(checkpoint, preserve_rng_state=keep_rng, use_reentrant=False)
+        """,
     )
     invalid = (
+        # the flag is computed inverted: False exactly when some dropout rate is not zero
+        Invalid(
+            """
+            from functools import partial
+            from torch.utils.checkpoint import checkpoint
+
+            def make_ckpt(cfg):
+                keep_rng = cfg.attn_dropout == 0.0 and cfg.resid_dropout == 0.0
+                return partial(checkpoint, preserve_rng_state=keep_rng, use_reentrant=False)
+            """,
+            line=6,
+        ),
         Invalid(
             """
             import torch
@@ -205,6 +253,60 @@ class CheckpointRngNotPreserved(Rule):
     )
 
     def check(self, model: FileModel) -> Iterator[Diagnostic]:
+        yield from self._in_this_file(model)
+        yield from self._off_when_dropout(model)
+        if model.project is not None:
+            yield from self._through_wrappers(model)
+
+    def _off_when_dropout(self, model: FileModel) -> Iterator[Diagnostic]:
+        """``preserve_rng_state=flag`` where ``flag`` is computed from tests that a dropout rate is
+        zero (``cfg.dropout == 0.0 and ...``): it is False exactly when dropout draws random numbers."""
+        for site, call in checkpoint_calls(model):
+            arg = keyword(call, "preserve_rng_state")
+            values = [arg.value] if arg is not None else []
+            if values and isinstance(values[0], cst.Name):
+                values = model.values_of(values[0], site.scope)
+            test = _dropout_is_zero(values[0]) if len(values) == 1 else None
+            if arg is None or len(values) != 1 or test is None:
+                continue
+            yield Diagnostic(
+                arg,
+                "preserve_rng_state is computed to be False exactly when dropout is on "
+                f"(`{model.code(test)}`): the recomputation then draws other dropout masks than the "
+                "forward pass did; preserve the RNG state whenever dropout is active (or always).",
+                related=((test, "True only without dropout"),),
+            )
+
+    def _through_wrappers(self, model: FileModel) -> Iterator[Diagnostic]:
+        """A wrapper in another project file checkpoints what it is given with a parameter whose
+        default is ``preserve_rng_state=False``; this call leaves the default and passes a module or
+        function that draws random numbers (its dropout in this file or in the class's file)."""
+        for site in model.calls:
+            found = checkpoint_wrapper(model, site, CHECKPOINT_FUNCTIONS)
+            if found is None:
+                continue
+            passed, where, parameter = found
+            target = resolve_callable(model, passed, site.scope)
+            source: str | None = None
+            if target is not None:
+                bodies = [target, *(t for _, t in called_functions(model, target))]
+                source = next((s for s in (_randomness(model, b) for b in bodies) if s), None)
+            else:
+                fact = constructed_class(model, passed, site.scope)
+                drawn = class_randomness(model, fact) if fact is not None else None
+                source = drawn.what if drawn is not None else None
+            if source is None:
+                continue
+            yield Diagnostic(
+                site.node,
+                f"`{model.code(site.node.func)}` checkpoints `{model.code(passed)}` with "
+                f"preserve_rng_state=False by default ({where.path}, line {where.line}), but it draws "
+                f"random numbers (`{source}`): recomputation uses different ones; pass "
+                f"`{parameter}=True` or change the wrapper's default.",
+                elsewhere=(where.related(None),),
+            )
+
+    def _in_this_file(self, model: FileModel) -> Iterator[Diagnostic]:
         for site, call, target in checkpoint_sites(model):
             arg = keyword(call, "preserve_rng_state")
             if arg is None or constant_value(model, arg.value, site) is not False:
@@ -253,6 +355,25 @@ DROPOUT_MODULES = frozenset(
 
 
 RANDOM_PREFIXES = ("random.", "numpy.random.")
+
+
+def _dropout_is_zero(expr: cst.BaseExpression, negated: bool = False) -> cst.BaseExpression | None:
+    """The test in ``expr`` that makes it True only without dropout: ``x.dropout == 0`` (either side,
+    ``0.0`` too) or ``not x.dropout``, combined with ``and``/``or`` and under an even number of
+    ``not`` (``not (cfg.dropout == 0.0)`` is the right way round), for a name mentioning dropout."""
+    if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Not):
+        if not negated and "dropout" in (dotted(expr.expression) or "").lower():
+            return expr
+        return _dropout_is_zero(expr.expression, not negated)
+    if isinstance(expr, cst.BooleanOperation):
+        return _dropout_is_zero(expr.left, negated) or _dropout_is_zero(expr.right, negated)
+    if negated or not isinstance(expr, cst.Comparison) or len(expr.comparisons) != 1:
+        return None
+    if not isinstance(expr.comparisons[0].operator, cst.Equal):
+        return None
+    sides = (expr.left, expr.comparisons[0].comparator)
+    zero = any(isinstance(x, cst.Integer | cst.Float) and float(x.evaluated_value) == 0.0 for x in sides)
+    return expr if zero and any("dropout" in (dotted(x) or "").lower() for x in sides) else None
 
 
 def _randomness(model: FileModel, target: Target) -> str | None:

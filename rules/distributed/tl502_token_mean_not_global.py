@@ -21,14 +21,15 @@ class TokenMeanNotGlobal(Rule):
     summary = "A loss normalised by the local token count under data parallelism: ranks with fewer tokens weigh more."
     # Prefilter: a local count (a `sum`/`count_nonzero` call); a `/` (BinaryOperation divisions only);
     # a backward call (``call_pattern``); a summed or unreduced cross-entropy (its function
-    # or class name, and `reduction=` or `size_average=`); a DATA_PARALLEL call or import.
+    # or class name, and `reduction=` or `size_average=`), or a loss read for its `ignore_index` (a
+    # token mean built elsewhere, made a sum by multiplying with the count); a DATA_PARALLEL call or import.
     tokens = ("sum", "count_nonzero")
     requires = (
         call_pattern("sum", "count_nonzero"),
         ("/",),
         call_pattern("backward"),
-        ("cross_entropy", "nll_loss", "CrossEntropyLoss", "NLLLoss"),
-        ("reduction", "size_average"),
+        ("cross_entropy", "nll_loss", "CrossEntropyLoss", "NLLLoss", "ignore_index"),
+        ("reduction", "size_average", "ignore_index"),
         (
             *("DistributedDataParallel", "init_process_group", "FullyShardedDataParallel", "fully_shard"),
             *("Accelerator", "initialize", "Fabric", "FSDPStrategy", "DDPStrategy"),
@@ -91,10 +92,56 @@ class TokenMeanNotGlobal(Rule):
         # the count was all-reduced under another name first
         _DP + "n_local = mask.sum()\ntotal = n_local.clone()\ndist.all_reduce(total)\n"
         "per_tok = F.cross_entropy(x, y, reduction='none')\n((per_tok * mask).sum() / total).backward()",
+        # the same recipe with the running count all-reduced before the division
+        """
+        import torch
+        from mylib import config
+
+        class Recipe:
+            def setup(self, cfg):
+                self.model = torch.distributed.fsdp.fully_shard(self.model)
+                self.loss_fn = config.instantiate(cfg.loss)
+
+            def train(self, loader):
+                total, count = 0, 0
+                for i, batch in enumerate(loader):
+                    n = (batch["labels"] != self.loss_fn.ignore_index).sum()
+                    count += n
+                    total += self.loss_fn(self.model(batch["ids"]), batch["labels"]) * n
+                    if (i + 1) % self.accum == 0:
+                        torch.distributed.all_reduce(count)
+                        loss = total / count
+                        loss.backward()
+        """,
         # divided by the batch size, not a token count
         _DP + "s = F.cross_entropy(x, y, reduction='sum')\n(s / x.size(0)).backward()",
     )
     invalid = (
+        # a config-built token-mean loss scaled back to a sum and summed over the window, then
+        # divided by this rank's running count of valid tokens
+        Invalid(
+            """
+            import torch
+            from mylib import config, fsdp_wrap
+
+            class Recipe:
+                def setup(self, cfg):
+                    self.model = fsdp_wrap(torch.distributed.fsdp.fully_shard(self.model))
+                    self.loss_fn = config.instantiate(cfg.loss)
+
+                def train(self, loader):
+                    total, count = 0, 0
+                    for i, batch in enumerate(loader):
+                        n = (batch["labels"] != self.loss_fn.ignore_index).sum()
+                        count += n
+                        total += self.loss_fn(self.model(batch["ids"]), batch["labels"]) * n
+                        if (i + 1) % self.accum == 0:
+                            loss = total / count
+                            loss.backward()
+                            total, count = 0, 0
+            """,
+            line=16,
+        ),
         Invalid(
             _DP + "s = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction='sum')\n"
             "n = (labels != -100).sum()\nloss = s / n\nloss.backward()",

@@ -62,7 +62,11 @@ class PeakMemoryWithoutReset(Rule):
             "    peak = torch.cuda.max_memory_allocated() / 2**30\n"
             "    print(f'step {step}: peak {peak:.1f} GiB')"
         ),
-        references=("https://pytorch.org/docs/stable/generated/torch.cuda.max_memory_allocated.html",),
+        references=(
+            "https://pytorch.org/docs/stable/generated/torch.cuda.max_memory_allocated.html",
+            "`trainlint memory` predicts a training step's peak and which phase reaches it, without a "
+            'GPU: README, "`trainlint memory`"',
+        ),
     )
     valid = (
         """

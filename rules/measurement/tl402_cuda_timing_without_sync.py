@@ -60,7 +60,11 @@ class CudaTimingWithoutSync(Rule):
             "torch.cuda.synchronize()\n"
             "dt = time.perf_counter() - t0"
         ),
-        references=("https://pytorch.org/docs/stable/notes/cuda.html#asynchronous-execution",),
+        references=(
+            "https://pytorch.org/docs/stable/notes/cuda.html#asynchronous-execution",
+            "`trainlint run` finds such intervals in a real run and, on a GPU, measures the device time "
+            'they leave out: README, "Watching a real run"',
+        ),
     )
     valid = (
         """

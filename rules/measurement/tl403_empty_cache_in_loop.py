@@ -57,7 +57,11 @@ class EmptyCacheInLoop(Rule):
             "    optimizer.zero_grad()\n"
             "# if memory is fragmented, set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True instead"
         ),
-        references=("https://pytorch.org/docs/stable/notes/cuda.html#memory-management",),
+        references=(
+            "https://pytorch.org/docs/stable/notes/cuda.html#memory-management",
+            "`trainlint memory` shows what a step really keeps (the bill per rank, its peak), without "
+            'a GPU: README, "`trainlint memory`"',
+        ),
     )
     valid = (
         """

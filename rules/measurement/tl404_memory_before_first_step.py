@@ -56,7 +56,12 @@ class MemoryBeforeFirstStep(Rule):
             "    if step == 0:\n"
             "        print(torch.cuda.memory_allocated() / 2**30, 'GiB')"
         ),
-        references=("https://pytorch.org/docs/stable/optim.html",),
+        references=(
+            "https://pytorch.org/docs/stable/optim.html",
+            "`trainlint memory` gives the whole bill (weights, gradients, master copy, optimizer state, "
+            "activations, temporaries) per rank after the first step, without a GPU: README, "
+            '"`trainlint memory`"',
+        ),
     )
     valid = (
         """

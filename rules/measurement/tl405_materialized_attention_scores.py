@@ -58,6 +58,8 @@ class MaterializedAttentionScores(Rule):
         use_instead="y = F.scaled_dot_product_attention(q, k, v, is_causal=True)",
         references=(
             "https://pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html",
+            "`trainlint memory` names the module and line that hold the activation peak, without a GPU: "
+            'README, "`trainlint memory`"',
         ),
     )
     _HEAD = "import math\nimport torch\nimport torch.nn.functional as F\nfrom torch import nn\n\nclass Attn(nn.Module):\n"

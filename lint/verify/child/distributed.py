@@ -17,6 +17,7 @@ import traceback
 import torch
 
 from . import BOOT, capture, state
+from .bypass import job_bypass
 from .compare import (
     FLOAT32_SUMS,
     FixWording,
@@ -326,7 +327,7 @@ def _job_tokens(probe: dict) -> dict:
     return {"tokens": tokens, **verdict(not cmp["match"], detail, ev, fixed, probe.get("notes", []))}
 
 
-DIST_JOBS = {"ddp_sync": _job_sync, "ddp_tokens": _job_tokens}
+DIST_JOBS = {"ddp_sync": _job_sync, "ddp_tokens": _job_tokens, "ddp_bypass": job_bypass}
 
 
 def drive_distributed(probe: dict) -> dict:

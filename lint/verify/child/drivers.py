@@ -5,17 +5,20 @@ computed into a verdict with evidence."""
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 
-from . import capture
+from . import capture, state
 from .capture import detached, named_parameters, projection_loss, state_of, tensors_in
 from .compare import (
     AUTOCAST_STEPS,
+    AUTOCAST_SUMS,
     FLOAT32,
     FLOAT32_SUMS,
     HALF_PARAMETERS,
     FixWording,
+    Tolerance,
     compare,
     evidence_numbers,
     fixed_outcome,
@@ -143,8 +146,36 @@ def _none_gradients(cmp: dict) -> dict:
 # checkpointed calls
 
 
+SYNTHETIC_FLOAT = re.compile(r'^__tl_arg_(\w+) = __tl__\.data\("float"\)$', re.MULTILINE)
+
+
 def drive_grads(probe: dict) -> dict:
-    """TL201/TL202: the checkpointed call as written vs without checkpoint (and with the fix)."""
+    """TL201/TL202, run with the synthetic float inputs as a loader gives them (no grad) and again
+    requiring grad (as activations of an earlier layer would): the verdict is the first run's, and
+    the detail names the inputs it synthesised and what the other state gives."""
+    first = _grads_once(probe)
+    inputs = SYNTHETIC_FLOAT.findall(_alt(probe["programs"]["reference"], 0))
+    if not inputs or first["status"] == "not-executable":
+        return first
+    state.INPUTS_REQUIRE_GRAD = True
+    try:
+        second = _grads_once(probe)
+    finally:
+        state.INPUTS_REQUIRE_GRAD = False
+    names = ", ".join(f"`{n}`" for n in inputs)
+    first["evidence"]["synthetic_inputs"] = inputs
+    first["evidence"]["with_inputs_requiring_grad"] = second["status"]
+    if second["status"] == first["status"]:
+        first["detail"] += f"; the same when the synthetic input {names} requires grad"
+    else:
+        first["detail"] += (
+            f"; with the synthetic input {names} as a batch (no grad); {second['status']} when it requires "
+            "grad (as an earlier layer's output does)"
+        )
+    return first
+
+
+def _grads_once(probe: dict) -> dict:
     roots = probe.get("roots", ["self"])
     runs, failures = run_variants(
         probe, ("reference", "as_written", "fixed"), lambda ns: run_grads_variant(ns, roots)
@@ -279,6 +310,22 @@ def drive_side_effects(probe: dict) -> dict:
     if all(c["plain"] == 0 for c in counts.values()):
         return not_executable("the flagged statement did not run in the plain forward with the stand-ins")
     diff = [label for label, c in counts.items() if c["checkpointed"] != c["plain"]]
+    grads = compare(aw["grads"], ref["grads"], FLOAT32)
+    if diff and not (changed["differing"] or glob_diff or not grads["match"]):
+        # the statement ran again but left nothing different: a repeat, not a hazard for this run
+        ev["harmless_repeat"] = True
+        ev["gradients_vs_plain"] = evidence_numbers(grads)
+        runs_text = "; ".join(
+            f"{label} ran {counts[label]['checkpointed']} times under checkpoint vs {counts[label]['plain']} without"
+            for label in diff
+        )
+        return result(
+            "not-reproduced",
+            f"in one forward+backward, {runs_text}, but the repeat is harmless: the state, the module "
+            f"globals and the {len(ref['grads'])} gradients are the same as without checkpoint "
+            f"(max rel {grads['max_rel']})",
+            ev,
+        )
     if diff or changed["differing"] or glob_diff:
         parts = [
             f"{label} ran {counts[label]['checkpointed']} times under checkpoint vs "
@@ -305,9 +352,11 @@ def drive_side_effects(probe: dict) -> dict:
 def _step_run(ns: dict) -> dict:
     call_user(lambda: None)
     before, after = ns["__tl_before__"], ns["__tl_after__"]
+    enabled = capture.records.get("scaler_enabled", [])
     return {
         "update": {f"update of {n}": after[n] - before[n] for n in before},
         "records": {k: list(v) for k, v in capture.records.items()},
+        "scaler_off": bool(enabled) and not any(enabled),
     }
 
 
@@ -331,11 +380,54 @@ def _step_variants(probe: dict) -> tuple[dict, dict[str, str], dict | None]:
 
 def drive_step(probe: dict) -> dict:
     """TL101: the step window as written vs the same window without loss scaling; compares the
-    parameter updates after a few steps, and the gradient norm the clip saw."""
+    parameter updates after a few steps, and the gradient norm the clip saw. A threshold whose value
+    is not in the file is swept over typical values, with the verdict per value."""
+    sweep = probe.get("sweep")
+    if not sweep:
+        return _step_once(probe)
+    outcomes = []
+    for value in sweep["values"]:
+        programs = {k: f"__tl_sweep__ = {value!r}\n" + p for k, p in probe["programs"].items()}
+        outcomes.append((value, _step_once({**probe, "programs": programs, "notes": []})))
+    return sweep_verdict(sweep["name"], outcomes, probe.get("notes", []))
+
+
+def sweep_verdict(name: str, outcomes: list[tuple[float, dict]], notes: list[str]) -> dict:
+    """One verdict from the verdicts per swept value: confirmed when some typical value confirms it;
+    the detail says for which values, then the numbers at the most typical confirmed value."""
+    ran = [(v, r) for v, r in outcomes if r["status"] != "not-executable"]
+    if not ran:
+        return outcomes[0][1]
+    confirmed = [v for v, r in ran if r["status"] == "confirmed"]
+    others = [v for v, r in ran if r["status"] != "confirmed"]
+    values = ", ".join(f"{v:g}" for v, _ in outcomes)
+    if confirmed and others and max(confirmed) < min(others):
+        split = f"confirmed for `{name}` <= {max(confirmed):g}, not reproduced above"
+    elif confirmed and others and min(confirmed) > max(others):
+        split = f"confirmed for `{name}` >= {min(confirmed):g}, not reproduced below"
+    elif confirmed:
+        split = "confirmed for " + ("every value" if not others else ", ".join(f"{v:g}" for v in confirmed))
+    else:
+        split = "not reproduced for any of them"
+    shown_value, shown = min(ran, key=lambda vr: (vr[1]["status"] != "confirmed", abs(math.log10(vr[0]))))
+    evidence = {
+        **shown["evidence"],
+        "sweep": {"name": name, "shown": shown_value, "status": {f"{v:g}": r["status"] for v, r in outcomes}},
+    }
+    detail = (
+        f"`{name}` is not in the file: swept over {values}: {split}; at `{name}` = {shown_value:g}, "
+        + shown["detail"]
+        + note_text(notes)
+    )
+    return result("confirmed" if confirmed else "not-reproduced", detail, evidence, shown["fixed_matches"])
+
+
+def _step_once(probe: dict) -> dict:
     runs, failures, stop = _step_variants(probe)
     if stop is not None:
         return stop
     aw, ref = runs["as_written"], runs["reference"]
+    scale = probe.get("loss_scale", LOSS_SCALE)
     cmp = compare(aw["update"], ref["update"], AUTOCAST_STEPS)
     seen_aw = [x for x in aw["records"].get("clip", []) if x is not None]
     seen_ref = [x for x in ref["records"].get("clip", []) if x is not None]
@@ -346,12 +438,14 @@ def drive_step(probe: dict) -> dict:
             "as_written": [num(x) for x in seen_aw],
             "reference": [num(x) for x in seen_ref],
         }
+        scaled = "scaler off" if aw.get("scaler_off") else f"loss scale {scale:g}"
         norm_text = (
-            f"; the clip saw a gradient norm of {seen_aw[0]:.4g} instead of {seen_ref[0]:.4g}"
-            f" (loss scale {LOSS_SCALE:g})"
+            f"; the clip saw a gradient norm of {seen_aw[0]:.4g} instead of {seen_ref[0]:.4g} ({scaled})"
         )
     fixed = fixed_outcome(runs, failures, ("update",), AUTOCAST_STEPS, STEP_FIX)
-    ev = reference_evidence(cmp, AUTOCAST_STEPS, fixed, steps=STEPS, loss_scale=LOSS_SCALE, **clip)
+    ev = reference_evidence(cmp, AUTOCAST_STEPS, fixed, steps=STEPS, loss_scale=scale, **clip)
+    if aw.get("scaler_off"):
+        ev["scaler_enabled"] = False
     if cmp["match"]:
         detail = f"over {STEPS} steps the update matches the unscaled reference (max rel {cmp['max_rel']})"
     else:
@@ -384,25 +478,36 @@ def drive_accumulation(probe: dict) -> dict:
     if "as_written" in failures:
         return not_executable(failures["as_written"])
     aw, ref = runs["as_written"], runs["reference"]
-    cmp = compare(aw["grads"], ref["grads"], FLOAT32_SUMS)
+    tol, dtype = _sums_tolerance(probe["programs"]["as_written"])
+    cmp = compare(aw["grads"], ref["grads"], tol)
     valid = capture.batch_valid  # the microbatches of the last program run
     tokens = [aw["tokens"].get(i, valid.get(i, 0)) for i in sorted(valid)]
-    fixed = fixed_outcome(runs, failures, ("grads",), FLOAT32_SUMS, ACCUMULATION_FIX)
-    ev = reference_evidence(
-        cmp, FLOAT32_SUMS, fixed, microbatches=len(tokens), valid_tokens_per_microbatch=tokens
-    )
+    fixed = fixed_outcome(runs, failures, ("grads",), tol, ACCUMULATION_FIX)
+    ev = reference_evidence(cmp, tol, fixed, microbatches=len(tokens), valid_tokens_per_microbatch=tokens)
+    if dtype != "float32":
+        ev["autocast_dtype"] = dtype
     counts = ", ".join(str(t) for t in tokens)
+    within = f", within the {dtype} tolerance rtol {tol.rtol:g}"
     if cmp["match"]:
         detail = (
             f"microbatches with {counts} valid tokens: the accumulated gradient matches one big batch "
-            f"(max rel {cmp['max_rel']})"
+            f"(max rel {cmp['max_rel']}{within})"
         )
     else:
         detail = (
             f"microbatches with {counts} valid tokens: the accumulated gradient differs from one big "
-            f"batch's token mean by {pct(cmp['max_rel'])} (max rel)"
+            f"batch's token mean by {pct(cmp['max_rel'])} (max rel; tolerance rtol {tol.rtol:g}, {dtype})"
         )
     return verdict(not cmp["match"], detail, ev, fixed, probe.get("notes", []))
+
+
+def _sums_tolerance(program: str) -> tuple[Tolerance, str]:
+    """The tolerance of token sums for a program, and the dtype its forward runs in: float32, or the
+    autocast dtype (bf16 on CPU, where the harness runs every autocast in bf16)."""
+    if "autocast" not in program:
+        return FLOAT32_SUMS, "float32"
+    dtype = "bfloat16" if state.DEVICE == "cpu" or "bfloat16" in program else "float16"
+    return AUTOCAST_SUMS[dtype], dtype
 
 
 def drive_half(probe: dict) -> dict:
@@ -446,6 +551,17 @@ def drive_half(probe: dict) -> dict:
     )
     notes = note_text(probe.get("notes", []))
     dtype = ev["parameter_dtype"]
+    ref_bad = sum(int((~torch.isfinite(t)).sum()) for t in ref["moved"].values())
+    if ref_bad:
+        # the fp32 run diverges as well: the training itself blows up, not the 16-bit storage
+        ev["non_finite_entries"] = {"as_written": bad, "reference": ref_bad}
+        return result(
+            "not-executable",
+            f"inconclusive: after {LONG_STEPS} steps the fp32 reference diverges too ({ref_bad} of {total} "
+            f"entries NaN or inf; as written: {bad}), so the run cannot tell the 16-bit parameters apart"
+            + notes,
+            ev,
+        )
     if bad:
         ev["non_finite_entries"] = bad
         return result(

@@ -5,7 +5,6 @@ prints can never be mistaken for one."""
 from __future__ import annotations
 
 import json
-import os
 import time
 import traceback
 
@@ -15,7 +14,8 @@ from .compare import not_executable, result
 from .distributed import close_pool, drive_distributed, worker_main
 from .drivers import drive_accumulation, drive_grads, drive_half, drive_rng, drive_side_effects, drive_step
 from .loop_drivers import drive_graph, drive_loop
-from .sandbox import ProbeTimeout, VariantFailed, seed, setup_process, time_limit
+from .sampler_order import drive_sampler_order
+from .sandbox import ProbeTimeout, VariantFailed, results_channel, seed, setup_process, time_limit
 
 DRIVERS = {
     "grads": drive_grads,
@@ -28,6 +28,8 @@ DRIVERS = {
     "rng": drive_rng,
     "ddp_sync": drive_distributed,
     "ddp_tokens": drive_distributed,
+    "sampler_order": drive_sampler_order,
+    "ddp_bypass": drive_distributed,
 }
 
 
@@ -63,7 +65,7 @@ def main(argv: list[str]) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    spec_path, result_path = argv[0], argv[1]
+    spec_path, send = argv[0], results_channel(argv[1])  # before any user code runs
     with open(spec_path, encoding="utf-8") as fh:
         job = json.load(fh)
     requested = device = job["device"]
@@ -77,8 +79,7 @@ def _main(argv: list[str]) -> int:
     )
     setup_process(device)
     for probe in job["probes"]:
-        with open(result_path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps({"id": probe["id"], "started": True}) + "\n")
+        send({"id": probe["id"], "started": True})
         seed(0)
         out = run_probe(probe, float(job["timeout"]))
         out["id"] = probe["id"]
@@ -86,8 +87,5 @@ def _main(argv: list[str]) -> int:
         if fallback_note:
             out["detail"] = fallback_note + out.get("detail", "")
         out["torch"] = torch.__version__.split("+")[0]
-        with open(result_path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(out) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        send(out)
     return 0

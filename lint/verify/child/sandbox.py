@@ -1,20 +1,25 @@
 """What protects the child from the user's code and the user's code from the child's machinery.
 
-Within the child: no network, deterministic torch on one thread, CUDA-only code redirected to the CPU,
-each program in a fresh namespace with its stdout sent to stderr (results travel through a file), a
-time limit per probe, and every exception of user code (``SystemExit`` included) turned into a
-``VariantFailed`` a driver can report. Names the harness could not bind are ``Unbound``: any use
-raises. The resource limits and the temporary working folder are set by the parent (``runner.py``).
+Within the child: no network (a Python-level block, under the network namespace the parent sets up
+where the system allows one: its loopback is brought up here for the data-parallel probes), deterministic
+torch on one thread, CUDA-only code redirected to the CPU, each program in a fresh namespace with its
+stdout sent to stderr (results travel through a pipe on a descriptor no process the snippet starts
+inherits), a time limit per probe, and every exception of user code (``SystemExit`` included) turned into
+a ``VariantFailed`` a driver can report. Names the harness could not bind are ``Unbound``: any use
+raises. The resource limits, the namespaces and the temporary working folder are set by the parent
+(``runner.py``), which also validates every result.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import json
+import os
 import signal
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -79,10 +84,53 @@ def setup_process(device: str) -> None:
         torch.backends.cudnn.benchmark = False
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
+    _loopback_up()
     _block_network()
     capture.install_token_counter()
     if device == "cpu":
         _cpu_only_patches()
+
+
+def results_channel(target: str) -> Callable[[dict], None]:
+    """How results reach the parent: ``fd:N`` is the write end of the parent's pipe, moved to a
+    descriptor that processes started by the snippet do not inherit; a path is appended to (tests)."""
+    if not target.startswith("fd:"):
+
+        def append(item: dict) -> None:
+            with open(target, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(item) + "\n")
+
+        return append
+    inherited = int(target[3:])
+    fd = os.dup(inherited)  # not inheritable
+    os.close(inherited)
+
+    def send(item: dict) -> None:
+        data = (json.dumps(item) + "\n").encode()
+        while data:
+            data = data[os.write(fd, data) :]
+
+    return send
+
+
+def _loopback_up() -> None:
+    """In a fresh network namespace the loopback interface is down; the data-parallel probes need it
+    (it reaches nothing outside the namespace). Where it is up already, or cannot be, nothing changes."""
+    if not sys.platform.startswith("linux"):
+        return
+    import fcntl
+    import socket
+    import struct
+
+    siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            request = struct.pack("16sH14x", b"lo", 0)
+            flags = struct.unpack("16sH14x", fcntl.ioctl(sock, siocgifflags, request))[1]
+            if not flags & iff_up:
+                fcntl.ioctl(sock, siocsifflags, struct.pack("16sH14x", b"lo", flags | iff_up))
+    except OSError:
+        pass
 
 
 def _block_network() -> None:
@@ -91,7 +139,9 @@ def _block_network() -> None:
     def refuse(*args, **kwargs):
         raise OSError("network access is disabled while trainlint runs a probe")
 
-    socket.socket.connect = refuse  # type: ignore[method-assign]
+    # the namespace (runner.py) is the real barrier; this one stands alone where there is none
+    for method in ("connect", "connect_ex", "sendto", "sendmsg"):
+        setattr(socket.socket, method, refuse)
     socket.create_connection = refuse  # type: ignore[assignment]
     socket.getaddrinfo = refuse  # type: ignore[assignment]
 

@@ -249,6 +249,20 @@ class Config:
         return default if isinstance(value, Unbound) else value
 
 
+def set_path(root, path: str, value) -> None:
+    """``root.a.b = value`` for a value the file sets; ``a`` becomes a settings object unless the probe
+    built it already (``self.config.grad_clip`` with ``self`` a stand-in)."""
+    *heads, last = path.split(".")
+    obj = root
+    for head in heads:
+        inner = getattr(obj, head, None)
+        if inner is None or isinstance(inner, Unbound):
+            inner = Config(head)
+            setattr(obj, head, inner)
+        obj = inner
+    setattr(obj, last, value)
+
+
 def layers(n: int = 2, kind: str = "") -> torch.nn.ModuleList:
     return torch.nn.ModuleList([layer(kind) for _ in range(n)])
 
@@ -283,7 +297,8 @@ def param(name: str = "w") -> torch.nn.Parameter:
 
 
 def data(kind: str = "float", **kwargs):
-    """Synthetic data tensors (they never require grad, like batches from a loader)."""
+    """Synthetic data tensors: they do not require grad, like batches from a loader, unless a probe
+    runs the other state too (``state.INPUTS_REQUIRE_GRAD``)."""
     if kind == "ids":
         return torch.randint(0, V, (B, T), device=state.DEVICE)
     if kind == "mask":
@@ -292,7 +307,7 @@ def data(kind: str = "float", **kwargs):
         return torch.randint(0, V, (B, T), device=state.DEVICE)
     if kind == "positions":
         return torch.arange(T, device=state.DEVICE).unsqueeze(0).expand(B, T)
-    return torch.randn(B, T, D, device=state.DEVICE)
+    return torch.randn(B, T, D, device=state.DEVICE).requires_grad_(state.INPUTS_REQUIRE_GRAD)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -347,9 +362,10 @@ def zero(model: torch.nn.Module) -> None:
         p.grad = None
 
 
-def scaler(enabled=True, **kwargs):
+def scaler(enabled=True, init_scale=LOSS_SCALE, **kwargs):
+    capture.records.setdefault("scaler_enabled", []).append(float(bool(enabled)))
     return torch.amp.GradScaler(
-        state.DEVICE, init_scale=LOSS_SCALE, growth_interval=10**6, enabled=bool(enabled)
+        state.DEVICE, init_scale=init_scale, growth_interval=10**6, enabled=bool(enabled)
     )
 
 
@@ -375,10 +391,10 @@ class TinyLM(torch.nn.Module):
     labels) ``.loss``, a token mean over labels that are not -100; in ``"tuple"`` mode
     ``(logits, loss)``."""
 
-    def __init__(self, mode: str = "logits") -> None:
+    def __init__(self, mode: str = "logits", vocab: int = V) -> None:
         super().__init__()
-        self.embed = torch.nn.Embedding(V, D)
-        self.head = torch.nn.Linear(D, V)
+        self.embed = torch.nn.Embedding(max(V, vocab), D)  # the file's own ids may go up to vocab
+        self.head = torch.nn.Linear(D, vocab)
         self.mode = mode
         self.to(state.DEVICE)
 

@@ -10,3 +10,5 @@ DEVICE = "cpu"
 LOW_DTYPE = torch.bfloat16
 RANK = 0
 WORLD = 1
+# the synthetic float inputs of an entry function require grad (a probe runs both states)
+INPUTS_REQUIRE_GRAD = False

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trainlint.verify.context import ProbeContext
-from trainlint.verify.probes import accumulation, amp, checkpoint, distributed
+from trainlint.verify.probes import accumulation, amp, checkpoint, distributed, sharding
 
 Probe = Callable[[ProbeContext], dict[str, Any]]
 
@@ -33,6 +33,8 @@ PROBES: dict[str, Probe] = {
     "TL303": accumulation.tl303,
     "TL501": distributed.tl501,
     "TL502": distributed.tl502,
+    "TL505": sharding.tl505,
+    "TL507": sharding.tl507,
 }
 
 __all__ = ["PROBES", "Probe"]

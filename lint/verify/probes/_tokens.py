@@ -15,6 +15,7 @@ from trainlint.verify.source import (
     finding_span,
     node_span,
 )
+from trainlint.verify.values import file_value
 from trainlint.verify.window import (
     Binder,
     Region,
@@ -177,6 +178,26 @@ def loss_target(division, stmt: cst.CSTNode) -> str | None:
 
 # names whose ``.backward(loss)`` stands in for ``loss.backward()`` (Accelerate, Fabric, DeepSpeed)
 BACKWARD_OWNERS = ("accelerator", "fabric", "engine", "model_engine")
+
+
+def stand_in_lm(model: FileModel, scope, window: cst.Module, caller: str, notes: list[str]) -> str:
+    """The language-model stand-in for ``caller``: its output width is the file's own vocabulary
+    size when the window reshapes the logits by one (``logits.view(-1, VOCAB)``), so that the
+    user's reshape and the labels fit."""
+    mode = model_call_mode(window, caller)
+    for node in walk(window):
+        if not (
+            isinstance(node, cst.Call) and attr_name(node) in ("view", "reshape") and len(node.args) == 2
+        ):
+            continue
+        width = node.args[1].value
+        found = file_value(model, scope, width) if dotted(width) else None
+        if found is not None and found.code.isdigit():
+            note = f"the stand-in model's vocabulary is {found.note(dotted(width) or '')}"
+            if note not in notes:
+                notes.append(note)
+            return f"__tl__.TinyLM({mode!r}, vocab={found.code})"
+    return f"__tl__.TinyLM({mode!r})"
 
 
 def token_callers(model: FileModel, scope, window: str) -> tuple[cst.Module, list[str]]:

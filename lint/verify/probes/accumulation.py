@@ -7,7 +7,7 @@ from typing import Any
 
 import libcst as cst
 
-from trainlint.model import Site, dotted, split_lines
+from trainlint.model import Site, dotted, in_loop, innermost_loop, split_lines
 from trainlint.rules.accumulation.tl302_loss_accumulated_with_graph import LossAccumulatedWithGraph
 from trainlint.rules.accumulation.tl303_zero_grad_every_microstep import ZeroGradEveryMicrostep
 from trainlint.verify.context import ProbeContext, insert_after, replace_node
@@ -17,12 +17,13 @@ from trainlint.verify.probes._tokens import (
     division_at,
     division_statements,
     loss_target,
-    model_call_mode,
+    stand_in_lm,
     token_callers,
     token_window_binder,
 )
 from trainlint.verify.source import (
     NotExecutable,
+    analyse_names,
     finding_span,
     indent,
     node_span,
@@ -64,7 +65,7 @@ def tl301(ctx: ProbeContext) -> dict[str, Any]:
     }
     parsed, callers = token_callers(model, scope, windows["as_written"])
     target = loss_target(division, stmt)
-    stand_ins = {c: f"__tl__.TinyLM({model_call_mode(parsed, c)!r})" for c in callers}
+    stand_ins = {c: stand_in_lm(model, scope, parsed, c, notes) for c in callers}
     programs = {}
     for name, window in windows.items():
         binder, per_micro = token_window_binder(model, scope, window, stand_ins)
@@ -135,6 +136,40 @@ def _added_expression(site: Site) -> cst.BaseExpression:
     raise NotExecutable("the flagged statement adds no value the probe can find")
 
 
+def _total_name(site: Site) -> str | None:
+    node = site.node
+    if isinstance(node, cst.AugAssign):
+        return dotted(node.target)
+    if isinstance(node, cst.Assign):
+        return dotted(node.targets[0].target)
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+        return dotted(node.func.value)  # losses.append(loss)
+    return None
+
+
+def _resets(model, site: Site) -> list[Site]:
+    """Statements of the same loop that start the total afresh (``total = 0.0``): the window keeps
+    them, so that a total reset on every iteration holds one iteration's graph, as it does when run."""
+    name = _total_name(site)
+    loop = innermost_loop(site)
+    if name is None or loop is None:
+        return []
+    out = []
+    for other in model.assigns:
+        node = other.node
+        if other is site or other.scope is not site.scope or not in_loop(other, loop):
+            continue
+        if (
+            not isinstance(node, cst.Assign)
+            or len(node.targets) != 1
+            or dotted(node.targets[0].target) != name
+        ):
+            continue
+        if name not in analyse_names(f"_ = {model.code(node.value)}\n").free:
+            out.append(other)
+    return out
+
+
 def tl302(ctx: ProbeContext) -> dict[str, Any]:
     """The loop as written vs the same loop with the added loss detached; counts the autograd nodes
     that are still reachable from the program's variables after each iteration."""
@@ -142,7 +177,7 @@ def tl302(ctx: ProbeContext) -> dict[str, Any]:
     site = _statement_site(ctx)
     backward = ctx.related(LossAccumulatedWithGraph.BACKWARD)
     added = _added_expression(site)
-    window = build_loop(ctx, site, backward, [], iterations=GRAPH_ITERATIONS)
+    window = build_loop(ctx, site, backward, _resets(model, site), iterations=GRAPH_ITERATIONS)
     variants = {
         "reference": [replace_node(model, added, f"({model.code(added)}).detach()")],
         "as_written": [],

@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import ast
 from typing import Any
 
 import libcst as cst
 
 from trainlint.model import (
     FileModel,
+    attr_name,
     dotted,
     exclusive,
     first_arg,
@@ -30,6 +32,7 @@ from trainlint.verify.context import ProbeContext, insert_after, insert_before, 
 from trainlint.verify.loops import build_loop
 from trainlint.verify.probes._common import backward_for, flagged_call, loop_probe, small_statement
 from trainlint.verify.source import NotExecutable, analyse_names, call_site_at, indent
+from trainlint.verify.values import file_value
 from trainlint.verify.window import (
     Binder,
     optimizer_construction,
@@ -124,6 +127,76 @@ def _step_program(binder: Binder, window: str, loss_name: str, loss_line: str) -
     )
 
 
+# PyTorch's GradScaler default: the scale a scaler built without ``init_scale`` starts from
+DEFAULT_INIT_SCALE = 65536.0
+
+
+def _scaler_settings(model: FileModel, scope, scaler_expr) -> tuple[str, str, list[str]]:
+    """(``enabled`` as the program writes it, the initial loss scale, notes) of the file's scaler.
+    A value the file sets (a literal, a default, a constant) is used and named; a scaler the file
+    switches off is said to be off, since then the clip sees true gradients."""
+    enabled, scale, notes = "True", repr(DEFAULT_INIT_SCALE), []
+    built = [c for c, callee in model.call_values(scaler_expr, scope) if callee in GRAD_SCALERS]
+    if not built:
+        return (
+            enabled,
+            scale,
+            [f"loss scale {DEFAULT_INIT_SCALE:g} (PyTorch's default; the scaler is not built here)"],
+        )
+    call = built[-1]
+    kw = keyword(call, "enabled")
+    if kw is not None:
+        enabled = model.code(kw.value)
+        found = file_value(model, scope, kw.value)
+        if found is not None and found.code == "False":
+            where = "" if found.where == "written" else f" is False ({found.where})"
+            notes.append(f"the scaler is off: `enabled={enabled}`{where}")
+            return enabled, scale, notes  # no loss scale to name
+        elif found is not None and found.where != "written":
+            notes.append(found.note(enabled))
+    kw = keyword(call, "init_scale")
+    if kw is None:
+        notes.append(f"loss scale {DEFAULT_INIT_SCALE:g} (PyTorch's default init_scale)")
+        return enabled, scale, notes
+    found = file_value(model, scope, kw.value)
+    if found is None:
+        notes.append(
+            f"`init_scale={model.code(kw.value)}` is not in the file: taken as {DEFAULT_INIT_SCALE:g}, PyTorch's default"
+        )
+        return enabled, scale, notes
+    try:
+        value = float(ast.literal_eval(found.code))
+    except (ValueError, TypeError, SyntaxError):
+        notes.append(f"`init_scale={found.code}` is not a plain number: taken as {DEFAULT_INIT_SCALE:g}")
+        return enabled, scale, notes
+    where = "as written" if found.where == "written" else found.where
+    notes.append(f"loss scale {value:g} (`init_scale`, {where})")
+    return enabled, repr(value), notes
+
+
+# typical clip thresholds, for a threshold whose value the file does not hold (read from a config
+# file or the command line): the verdict is given per value
+CLIP_SWEEP = (0.1, 1.0, 10.0, 1000.0, 100000.0)
+
+
+def _threshold_sweep(model: FileModel, clip) -> tuple[dict[str, Any] | None, list]:
+    """The sweep of the clip threshold and the edit that makes the window read ``__tl_sweep__``,
+    when the threshold is a name or attribute chain whose value is not in the file."""
+    call = clip.node
+    assert isinstance(call, cst.Call)
+    kw = keyword(call, "clip_value" if "value" in (attr_name(call) or "") else "max_norm")
+    pos = positional(call)
+    expr = kw.value if kw is not None else (pos[1] if len(pos) > 1 else None)
+    path = dotted(expr) if expr is not None else None
+    if expr is None or path is None or path in ("True", "False", "None"):
+        return None, []
+    if file_value(model, clip.scope, expr) is not None or model.values_of(expr, clip.scope):
+        return None, []  # bound from the file (or computed in it): no sweep
+    if "." not in path and model.lookup(path, clip.scope) is None:
+        return None, []  # not defined anywhere: the probe names it as unbound
+    return {"name": path, "values": list(CLIP_SWEEP)}, [replace_node(model, expr, "__tl_sweep__")]
+
+
 def tl101(ctx: ProbeContext) -> dict[str, Any]:
     """The step window as written (scaled backward → clip → scaler.step) vs the same window with the
     scaler disabled (a plain fp32 step), and with the fix (``unscale_`` before the clip)."""
@@ -152,24 +225,22 @@ def tl101(ctx: ProbeContext) -> dict[str, Any]:
     roles: dict[str, str] = {}
     notes: list[str] = []
     opt_exprs = _step_optimizer_role(model, clip.scope, step.call, roles, notes)
-    enabled = "True"
-    for call, callee in model.call_values(receiver(scale_call), clip.scope):  # type: ignore[arg-type]
-        if callee in GRAD_SCALERS:
-            kw = keyword(call, "enabled")
-            if kw is not None:
-                enabled = model.code(kw.value)
+    enabled, init_scale, scaler_notes = _scaler_settings(model, clip.scope, receiver(scale_call))
+    notes.extend(scaler_notes)
     source = model.source
+    sweep, swept = _threshold_sweep(model, clip)
     wrap = [insert_before(model, clip.node, "__tl__.record('clip', "), insert_after(model, clip.node, ")")]
     windows = {
-        "as_written": window_code(source, regions, wrap),
-        "reference": window_code(source, regions, wrap),
+        "as_written": window_code(source, regions, [*wrap, *swept]),
+        "reference": window_code(source, regions, [*wrap, *swept]),
     }
     if ctx.finding.fix is not None:
-        windows["fixed"] = window_code(source, regions, ctx.fix_edits())
+        windows["fixed"] = window_code(source, regions, [*ctx.fix_edits(), *swept])
     _model_roles(model, clip.scope, [clip.node, *opt_exprs], roles)
     programs: dict[str, str] = {}
     for name, window in windows.items():
-        scaler_value = f"__tl__.scaler(enabled={'False' if name == 'reference' else f'({enabled})'})"
+        on = "False" if name == "reference" else f"({enabled})"
+        scaler_value = f"__tl__.scaler(enabled={on}, init_scale={init_scale})"
         binder = Binder(model, clip.scope, roles={**roles, scaler_key: scaler_value})
         programs[name] = _step_program(binder, window, loss_name, loss_line)
         if name == "as_written":
@@ -180,6 +251,8 @@ def tl101(ctx: ProbeContext) -> dict[str, Any]:
         "notes": notes,
         "what": "clip",
         "enabled": enabled,
+        "loss_scale": float(init_scale),
+        **({"sweep": sweep} if sweep else {}),
     }
 
 

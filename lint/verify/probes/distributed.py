@@ -13,7 +13,7 @@ from trainlint.verify.probes._tokens import (
     division_at,
     division_statements,
     loss_target,
-    model_call_mode,
+    stand_in_lm,
     token_callers,
     token_window_binder,
 )
@@ -74,7 +74,7 @@ def tl502(ctx: ProbeContext) -> dict[str, Any]:
     for name, window in windows.items():
         stand_ins = {}
         for caller in callers:
-            lm = f"__tl__.TinyLM({model_call_mode(parsed, caller)!r})"
+            lm = stand_in_lm(model, scope, parsed, caller, notes)
             stand_ins[caller] = lm if name == "reference" else f"__tl__.ddp({lm})"
         binder, per_rank = token_window_binder(model, scope, window, stand_ins)
         if name == "as_written":

@@ -1,0 +1,333 @@
+"""A file's facts for the project index, read with CPython's ``ast`` (no libcst parse: issue 20).
+
+A summary is plain JSON data, so that it can be cached by the file's text hash and digested into the
+result cache's key. Names are kept as written (``nn.BatchNorm2d``); the index resolves them through the
+summary's ``imports``. Every fact carries the line and column (1-based) where it happens, for related
+locations in other files.
+
+- ``imports``: local name -> dotted target as imported (relative ones keep their leading dots);
+- ``functions``: ``name`` or ``Class.method`` -> params (name, default, annotation), ``half`` (the
+  params converted to 16-bit, with where), ``backward``/``scaled_backward``, ``returns_loss`` (the
+  tensor whose backward it ran), ``returns`` (the callee of a returned call or of the call assigned to
+  the returned name: a factory's product), ``calls`` (project-visible calls with argument names and
+  whether a scaled backward/an unscale precede them in the function), ``returns_half`` (a local module
+  converted to 16-bit and returned: its tuple position, the tuple's length, where, the parameter of an
+  ``if`` guarding the conversion);
+- ``classes``: bases, ``batchnorm``/``dropout`` submodules (``self.x = ...``, ``add_module``) and the
+  effects its ``forward`` has (global or registry writes, collectives).
+"""
+
+from __future__ import annotations
+
+import ast
+import warnings
+from typing import Any
+
+Summary = dict[str, Any]
+
+_HALF_DTYPES = ("float16", "half", "bfloat16")
+_COLLECTIVES = frozenset({"all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"})
+# methods that convert a whole module's storage to 16-bit (guided-diffusion's UNet, GLIDE)
+_HALF_METHODS = frozenset({"convert_to_fp16", "convert_to_f16", "convert_to_half", "to_fp16"})
+
+
+def _dotted(node: ast.AST | None) -> str | None:
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return ".".join(reversed(parts))
+    return None
+
+
+def _where(node: ast.AST) -> list[int]:
+    return [getattr(node, "lineno", 1), getattr(node, "col_offset", 0) + 1]
+
+
+def _literal(node: ast.AST | None) -> Any:
+    """A parameter default as JSON data: literals as themselves, names as ``{"name": ...}``."""
+    if node is None:
+        return None
+    try:
+        value = ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        name = _dotted(node)
+        return {"name": name} if name else {"expr": True}
+    return value if isinstance(value, bool | int | float | str) or value is None else {"expr": True}
+
+
+def _is_half_call(call: ast.Call) -> bool:
+    """``x.half()``, ``x.bfloat16()``, ``x.to(torch.float16)``/``x.to(dtype=torch.half)``."""
+    if not isinstance(call.func, ast.Attribute):
+        return False
+    if call.func.attr in ("half", "bfloat16") and not call.args:
+        return True
+    if call.func.attr == "to":
+        dtypes = [*call.args, *(k.value for k in call.keywords if k.arg == "dtype")]
+        return any((_dotted(d) or "").endswith(_HALF_DTYPES) for d in dtypes)
+    return False
+
+
+def _root(node: ast.AST) -> str | None:
+    while isinstance(node, ast.Attribute | ast.Subscript | ast.Call):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _converts_data(fn: ast.AST) -> list[int] | None:
+    """Where a function used with ``model.apply(fn)`` converts a tensor to 16-bit, if it does."""
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Call) and _is_half_call(node):
+            return _where(node)
+    return None
+
+
+class _Function:
+    """The facts of one function body (nested defs excluded, except as ``apply`` callbacks)."""
+
+    def __init__(self, node: ast.FunctionDef | ast.AsyncFunctionDef, local_defs: dict[str, ast.AST]) -> None:
+        self.node = node
+        self.local_defs = local_defs
+        args = node.args
+        positional = [*args.posonlyargs, *args.args]
+        defaults: list[ast.AST | None] = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
+        params = [
+            [a.arg, _literal(d), _dotted(a.annotation)] for a, d in zip(positional, defaults, strict=True)
+        ]
+        params += [
+            [a.arg, _literal(d), _dotted(a.annotation)]
+            for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True)
+        ]
+        self.params = params
+        self.names = {p[0] for p in params}
+        self.facts: dict[str, Any] = {"line": node.lineno, "params": params, "half": {}, "calls": []}
+        # a local module converted to 16-bit: name -> [line, column, the parameter guarding it or None]
+        self.converted: dict[str, list[Any]] = {}
+        self.guards = _guards(node, self.names)
+        self.siblings: dict[str, list[str]] = {}  # the names one tuple assignment binds together
+
+    def body_nodes(self) -> list[ast.AST]:
+        """The function's own nodes in source order, not those of nested defs and classes."""
+        out: list[ast.AST] = []
+        stack: list[ast.AST] = list(reversed(self.node.body))
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
+                continue
+            stack.extend(reversed(list(ast.iter_child_nodes(node))))
+        return out
+
+    def summarise(self) -> dict[str, Any]:
+        facts = self.facts
+        nodes = self.body_nodes()
+        backward_of: dict[str, list[int]] = {}
+        assigned: dict[str, str] = {}
+        scaled: list[int] = []
+        unscaled: list[int] = []
+        for node in nodes:
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+                callee = _dotted(node.value.func)
+                for target in node.targets:
+                    if isinstance(target, ast.Name) and callee:
+                        assigned[target.id] = callee
+                    elif isinstance(target, ast.Tuple):
+                        names = [e.id for e in target.elts if isinstance(e, ast.Name)]
+                        for name in names:
+                            self.siblings[name] = names
+            if not isinstance(node, ast.Call):
+                continue
+            self._call(node, backward_of, scaled, unscaled)
+        for node in nodes:
+            if isinstance(node, ast.Return) and node.value is not None:
+                self._return(node.value, backward_of, assigned)
+        if scaled:
+            facts["scaled_backward"] = scaled[0]
+        return facts
+
+    def _call(
+        self, node: ast.Call, backward_of: dict[str, list[int]], scaled: list[int], unscaled: list[int]
+    ) -> None:
+        facts = self.facts
+        func = node.func
+        if isinstance(func, ast.Attribute):
+            recv = func.value
+            if func.attr == "backward":
+                facts.setdefault("backward", _where(node))
+                inner = recv.args[0] if isinstance(recv, ast.Call) and recv.args else recv
+                if (
+                    isinstance(recv, ast.Call)
+                    and isinstance(recv.func, ast.Attribute)
+                    and recv.func.attr == "scale"
+                ):
+                    scaled.append(_where(node))
+                name = _dotted(inner)
+                if name:
+                    backward_of.setdefault(name, _where(node))
+            elif func.attr == "unscale_":
+                unscaled.append(_where(node))
+            elif _is_half_call(node) or (func.attr in _HALF_METHODS and not node.args):
+                root = _root(recv)
+                if root in self.names:
+                    facts["half"].setdefault(root, _where(node))
+                elif isinstance(recv, ast.Name):
+                    self.converted.setdefault(recv.id, [*_where(node), self.guards.get(id(node))])
+            elif func.attr == "apply" and node.args and isinstance(node.args[0], ast.Name):
+                root = _root(recv)
+                callback = self.local_defs.get(node.args[0].id)
+                where = _converts_data(callback) if callback is not None else None
+                if root in self.names and where is not None:
+                    facts["half"].setdefault(root, _where(node))
+        callee = _dotted(func)
+        if callee is None:
+            return
+        line = node.lineno
+        facts["calls"].append(
+            {
+                "callee": callee,
+                "at": _where(node),
+                "args": [_dotted(a) for a in node.args],
+                "keywords": {k.arg: _dotted(k.value) for k in node.keywords if k.arg},
+                "after_scaled_backward": any(s[0] < line for s in scaled),
+                "after_unscale": any(u[0] < line for u in unscaled),
+            }
+        )
+
+    def _return(self, value: ast.AST, backward_of: dict[str, list[int]], assigned: dict[str, str]) -> None:
+        elements = value.elts if isinstance(value, ast.Tuple) else [value]
+        for index, element in enumerate(elements):
+            if isinstance(element, ast.Name) and element.id in self.converted:
+                # which returned value is a 16-bit module: -1 for the whole value, else its tuple index
+                position = index if isinstance(value, ast.Tuple) else -1
+                half = self.facts.setdefault("returns_half", [])
+                half.append([position, len(elements), *self.converted[element.id]])
+        name = _dotted(value)
+        # ``loss, parts = criterion(...)``: the parts come out of the same graph as the loss
+        for other in [name, *self.siblings.get(name or "", ())]:
+            if other is not None and other in backward_of:
+                self.facts["returns_loss"] = backward_of[other]
+                break
+        if isinstance(value, ast.Call):
+            callee = _dotted(value.func)
+        else:
+            callee = assigned.get(name or "")
+        if callee:
+            self.facts.setdefault("returns", [callee, *_where(value)])
+
+
+def _guards(function: ast.AST, params: set[str]) -> dict[int, str]:
+    """The nodes under ``if <param>:`` (the param's name), so that a caller passing False is known
+    to skip them."""
+    out: dict[int, str] = {}
+    for node in ast.walk(function):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id in params:
+            for statement in node.body:
+                for inner in ast.walk(statement):
+                    out.setdefault(id(inner), node.test.id)
+    return out
+
+
+def _class_facts(node: ast.ClassDef) -> dict[str, Any]:
+    """Submodules made in any method (``self.x = C(...)``, ``self.add_module("x", C(...))``) and the
+    effects of ``forward``: writes to globals or to module-level containers, collectives."""
+    submodules: dict[str, list[Any]] = {}
+    effects: list[list[Any]] = []
+    calls: list[list[Any]] = []
+    for item in node.body:
+        if not isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        declared_global = {n for s in ast.walk(item) if isinstance(s, ast.Global) for n in s.names}
+        for sub in ast.walk(item):
+            if isinstance(sub, ast.Assign) and isinstance(sub.value, ast.Call):
+                callee = _dotted(sub.value.func)
+                for target in sub.targets:
+                    name = _dotted(target)
+                    if callee and name and name.startswith("self.") and name.count(".") == 1:
+                        submodules.setdefault(name[5:], [callee, *_where(sub.value), _track_stats(sub.value)])
+            elif isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute):
+                if sub.func.attr == "add_module" and len(sub.args) == 2 and isinstance(sub.args[1], ast.Call):
+                    label = sub.args[0].value if isinstance(sub.args[0], ast.Constant) else "?"
+                    callee = _dotted(sub.args[1].func)
+                    if callee:
+                        submodules.setdefault(
+                            str(label), [callee, *_where(sub.args[1]), _track_stats(sub.args[1])]
+                        )
+            if item.name != "forward":
+                continue
+            if isinstance(sub, ast.Call) and (callee := _dotted(sub.func)):
+                calls.append([callee, *_where(sub)])
+            if (
+                isinstance(sub, ast.Call)
+                and isinstance(sub.func, ast.Attribute)
+                and sub.func.attr in _COLLECTIVES
+            ):
+                effects.append(["runs the collective `" + sub.func.attr + "`", *_where(sub)])
+            elif isinstance(sub, ast.Assign | ast.AugAssign):
+                for target in sub.targets if isinstance(sub, ast.Assign) else [sub.target]:
+                    if isinstance(target, ast.Name) and target.id in declared_global:
+                        effects.append([f"writes the global `{target.id}`", *_where(sub)])
+                    elif isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name):
+                        effects.append([f"writes to `{target.value.id}[...]`", *_where(sub)])
+    return {
+        "line": node.lineno,
+        "bases": [b for b in (_dotted(base) for base in node.bases) if b],
+        "submodules": submodules,
+        "forward_effects": effects,
+        "forward_calls": calls,
+    }
+
+
+def _track_stats(call: ast.Call) -> bool:
+    return not any(
+        k.arg == "track_running_stats" and isinstance(k.value, ast.Constant) and k.value.value is False
+        for k in call.keywords
+    )
+
+
+def _imports(tree: ast.Module) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    out[alias.asname] = alias.name
+                else:
+                    out[alias.name.split(".")[0]] = alias.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom):
+            base = "." * node.level + (node.module or "")
+            for alias in node.names:
+                if alias.name != "*":
+                    joined = f"{base}.{alias.name}" if base and not base.endswith(".") else base + alias.name
+                    out[alias.asname or alias.name] = joined
+    return out
+
+
+def summarize(text: str) -> Summary | None:
+    """The facts of one file, or None when CPython cannot parse it."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    functions: dict[str, Any] = {}
+    classes: dict[str, Any] = {}
+    module_defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            functions[node.name] = _function(node, module_defs)
+        elif isinstance(node, ast.ClassDef):
+            classes[node.name] = _class_facts(node)
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                    functions[f"{node.name}.{item.name}"] = _function(item, module_defs)
+    return {"imports": _imports(tree), "functions": functions, "classes": classes}
+
+
+def _function(
+    node: ast.FunctionDef | ast.AsyncFunctionDef, module_defs: dict[str, ast.AST]
+) -> dict[str, Any]:
+    nested = {n.name: n for n in node.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+    return _Function(node, {**module_defs, **nested}).summarise()

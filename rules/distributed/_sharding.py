@@ -1,0 +1,95 @@
+"""Helpers shared by the wrapping rules of this family (TL503, TL504, TL506, TL507): which names a
+wrapper's result is bound to, and what it wrapped."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import libcst as cst
+
+from trainlint.model import FileModel, Scope, Site, dotted, first_arg, int_value
+
+
+@dataclass(frozen=True)
+class Wrap:
+    """``outer = Wrapper(inner, ...)``: the call site, the bound name and the wrapped module's name."""
+
+    site: Site
+    outer: str
+    inner: str | None
+
+
+def _assigned_targets(site: Site) -> list[cst.BaseExpression]:
+    """The targets a call's value is assigned to directly (``a = b = call(...)``, ``a: T = call(...)``)."""
+    statement = site.statement
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return []
+    for small in statement.body:
+        if isinstance(small, cst.Assign) and small.value is site.node:
+            return [t.target for t in small.targets]
+        if isinstance(small, cst.AnnAssign) and small.value is site.node:
+            return [small.target]
+    return []
+
+
+def wraps(model: FileModel, classes: frozenset[str]) -> list[Wrap]:
+    """Every ``x = Wrapper(module, ...)`` of one of ``classes`` in the file."""
+    out = []
+    for site in model.calls_to(*classes):
+        assert isinstance(site.node, cst.Call)
+        inner = dotted(first_arg(site.node, "module"))
+        for target in _assigned_targets(site):
+            outer = dotted(target)
+            if outer:
+                out.append(Wrap(site, outer, inner))
+    return out
+
+
+def sharded_in_place(model: FileModel, functions: frozenset[str]) -> Iterator[tuple[Site, str]]:
+    """``fully_shard(module)`` calls (FSDP2 shards in place) with the module's dotted name."""
+    for site in model.calls_to(*functions):
+        assert isinstance(site.node, cst.Call)
+        inner = dotted(first_arg(site.node, "module"))
+        if inner:
+            yield site, inner
+
+
+def deepspeed_engines(model: FileModel, initialize: frozenset[str]) -> set[str]:
+    """Names bound to the engine ``deepspeed.initialize`` returns first: ``engine, opt, _, _ = ...``
+    or ``engine = deepspeed.initialize(...)[0]``."""
+    out: set[str] = set()
+    for site in model.calls_to(*initialize):
+        statement = site.statement
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        for small in statement.body:
+            if not isinstance(small, cst.Assign):
+                continue
+            value = small.value
+            for target in (t.target for t in small.targets):
+                if value is site.node and isinstance(target, cst.Tuple | cst.List) and target.elements:
+                    name = dotted(target.elements[0].value)
+                elif (
+                    isinstance(value, cst.Subscript)
+                    and value.value is site.node
+                    and len(value.slice) == 1
+                    and isinstance(value.slice[0].slice, cst.Index)
+                    and int_value(value.slice[0].slice.value) == 0
+                ):
+                    name = dotted(target)
+                else:
+                    name = None
+                if name:
+                    out.add(name)
+    return out
+
+
+def same_owner(scope: Scope, wrap: Wrap) -> bool:
+    """Code in ``scope`` sees the wrap's names: the wrap's own scope, or a method of its class for
+    ``self.`` attributes."""
+    if scope is wrap.site.scope:
+        return True
+    if wrap.outer.startswith("self."):
+        return scope.enclosing_class is not None and scope.enclosing_class is wrap.site.scope.enclosing_class
+    return False

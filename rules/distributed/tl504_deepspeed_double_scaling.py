@@ -1,0 +1,200 @@
+"""TL504 deepspeed-double-scaling."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import libcst as cst
+
+from trainlint.api import Diagnostic, Invalid, Rule, RuleDoc, Severity, method_call_pattern
+from trainlint.model import (
+    FileModel,
+    Scope,
+    Site,
+    attr_name,
+    dotted,
+    first_arg,
+    keyword,
+    receiver,
+    walk_scope,
+)
+from trainlint.model.training import is_step_count_name
+from trainlint.model.vocab import DEEPSPEED_INITIALIZE
+from trainlint.rules.distributed._sharding import deepspeed_engines
+
+
+class DeepspeedDoubleScaling(Rule):
+    id = "TL504"
+    name = "deepspeed-double-scaling"
+    severity = Severity.ERROR
+    DIVISION = "division"
+    summary = "The loss is divided by the accumulation steps before a DeepSpeed engine's backward, which divides again."
+    # A finding needs `deepspeed.initialize` (the engine) and the engine's `.backward(` call.
+    tokens = ("initialize",)
+    requires = (("deepspeed",), method_call_pattern("backward"))
+    doc = RuleDoc(
+        what=(
+            "Reports `engine.backward(loss)` of an engine returned by `deepspeed.initialize` when the "
+            "loss was divided by a gradient-accumulation count first (`loss / gradient_accumulation_steps`"
+            ", `loss /= args.grad_accum`, or `engine.backward(loss / accum)`), unless the call passes "
+            "`scale_wrt_gas=`."
+        ),
+        why=(
+            "`DeepSpeedEngine.backward` already divides the loss by the engine's configured "
+            "`gradient_accumulation_steps` (its `scale_wrt_gas=True` default). Dividing by hand as "
+            "well makes the gradients K times too small: with 8 accumulation steps every update is "
+            "1/8 of what the learning rate says, Adam's normalisation hides part of it but SGD and "
+            "gradient clipping thresholds do not (DeepSpeed issue 7439, transformers issue 35808)."
+        ),
+        example=(
+            "engine, optimizer, _, _ = deepspeed.initialize(model=model, config=cfg)\n"
+            "for batch in loader:\n"
+            "    loss = engine(batch) / args.gradient_accumulation_steps\n"
+            "    engine.backward(loss)\n"
+            "    engine.step()"
+        ),
+        use_instead=(
+            "engine, optimizer, _, _ = deepspeed.initialize(model=model, config=cfg)\n"
+            "for batch in loader:\n"
+            "    loss = engine(batch)\n"
+            "    engine.backward(loss)  # divides by the configured accumulation steps\n"
+            "    engine.step()"
+        ),
+        references=("https://deepspeed.readthedocs.io/en/latest/training.html",),
+    )
+    _HEAD = "import deepspeed\nengine, opt, _, _ = deepspeed.initialize(model=net, config=cfg)\n"
+    valid = (
+        # the engine's backward without manual division
+        _HEAD + "for b in loader:\n    loss = engine(b)\n    engine.backward(loss)\n    engine.step()",
+        # manual division with the engine told not to divide
+        _HEAD
+        + "for b in loader:\n    loss = engine(b) / accum_steps\n    engine.backward(loss, scale_wrt_gas=False)",
+        # division for logging only, after the backward
+        _HEAD + "for b in loader:\n    loss = engine(b)\n    engine.backward(loss)\n"
+        "    log_loss = loss / gradient_accumulation_steps",
+        # plain PyTorch backward: the division is needed there
+        "import torch\nfor b in loader:\n    loss = model(b) / gradient_accumulation_steps\n    loss.backward()",
+        # divided by something other than an accumulation count
+        _HEAD + "for b in loader:\n    loss = engine(b).sum() / num_tokens\n    engine.backward(loss)",
+        # a variable that is not the DeepSpeed engine
+        "import deepspeed\nfor b in loader:\n    loss = model(b) / grad_accum\n    accelerator.backward(loss)",
+    )
+    invalid = (
+        Invalid(
+            _HEAD
+            + "for b in loader:\n    loss = engine(b)\n    loss = loss / args.gradient_accumulation_steps\n"
+            "    engine.backward(loss)\n    engine.step()",
+            line=6,
+        ),
+        Invalid(
+            _HEAD + "for b in loader:\n    engine.backward(engine(b).loss / accum_steps)\n    engine.step()",
+            line=4,
+        ),
+        Invalid(
+            _HEAD
+            + "for b in loader:\n    loss = engine(b)\n    loss /= grad_accum\n    engine.backward(loss)",
+            line=6,
+        ),
+        Invalid(
+            """
+            import deepspeed
+
+            def train(args, model):
+                model_engine = deepspeed.initialize(args=args, model=model)[0]
+                for step, batch in enumerate(loader):
+                    outputs = model_engine(**batch)
+                    loss = outputs.loss / model_engine.gradient_accumulation_steps()
+                    model_engine.backward(loss)
+                    model_engine.step()
+            """,
+            line=8,
+        ),
+        Invalid(
+            """
+            import deepspeed
+
+            class Trainer:
+                def __init__(self):
+                    self.engine, self.opt, _, self.sched = deepspeed.initialize(model=self.net, config=self.cfg)
+
+                def step(self, batch):
+                    loss = self.engine(batch) / self.args.gradient_accumulation_steps
+                    self.engine.backward(loss)
+            """,
+            line=9,
+        ),
+        Invalid(
+            _HEAD + "for b in loader:\n    loss = compute(engine, b) / cfg['gradient_accumulation_steps']\n"
+            "    engine.backward(loss)",
+            line=5,
+        ),
+    )
+
+    def check(self, model: FileModel) -> Iterator[Diagnostic]:
+        engines = deepspeed_engines(model, DEEPSPEED_INITIALIZE)
+        if not engines:
+            return
+        for site in model.calls:
+            call = site.node
+            assert isinstance(call, cst.Call)
+            if attr_name(call) != "backward" or dotted(receiver(call)) not in engines:
+                continue
+            loss = first_arg(call, "loss")
+            if loss is None or keyword(call, "scale_wrt_gas") is not None:
+                continue
+            division = _accumulation_division(loss) or _divided_before(model, site, loss)
+            if division is None:
+                continue
+            yield Diagnostic(
+                call,
+                "The DeepSpeed engine's backward divides the loss by its gradient_accumulation_steps "
+                "already; dividing it by hand as well makes every gradient that many times too small. "
+                "Remove the manual division.",
+                related=((division, "the loss is divided here", DeepspeedDoubleScaling.DIVISION),),
+            )
+
+
+def _counts_steps(expr: cst.BaseExpression) -> bool:
+    """An accumulation count: ``accum``, ``args.gradient_accumulation_steps``, ``cfg['grad_accum']``,
+    ``engine.gradient_accumulation_steps()``."""
+    if isinstance(expr, cst.Call):
+        expr = expr.func
+    if isinstance(expr, cst.Subscript) and len(expr.slice) == 1:
+        index = expr.slice[0].slice
+        if isinstance(index, cst.Index) and isinstance(index.value, cst.SimpleString):
+            return is_step_count_name(index.value.value.strip("'\""))
+    name = dotted(expr)
+    return name is not None and is_step_count_name(name.rsplit(".", 1)[-1])
+
+
+def _accumulation_division(expr: cst.BaseExpression) -> cst.CSTNode | None:
+    """``x / accum`` at the top of ``expr`` (parentheses aside)."""
+    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Divide):
+        if _counts_steps(expr.right):
+            return expr
+    return None
+
+
+def _divided_before(model: FileModel, backward: Site, loss: cst.BaseExpression) -> cst.CSTNode | None:
+    """An assignment ``loss = ... / accum`` or ``loss /= accum`` in the backward's scope, above it."""
+    name = dotted(loss)
+    if name is None:
+        return None
+    line = model.position(backward.node).start.line
+    for node in _statements(backward.scope):
+        if model.position(node).start.line >= line:
+            continue
+        if isinstance(node, cst.AugAssign) and isinstance(node.operator, cst.DivideAssign):
+            if dotted(node.target) == name and _counts_steps(node.value):
+                return node
+        if isinstance(node, cst.Assign) and any(dotted(t.target) == name for t in node.targets):
+            found = _accumulation_division(node.value)
+            if found is not None:
+                return found
+    return None
+
+
+def _statements(scope: Scope) -> Iterator[cst.CSTNode]:
+    for node in walk_scope(scope.node):
+        if isinstance(node, cst.Assign | cst.AugAssign):
+            yield node
