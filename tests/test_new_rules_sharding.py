@@ -141,16 +141,13 @@ PROBED = {
     "constant.py": "from torch.utils.data import DataLoader, DistributedSampler\n"
     "SHUFFLE = False\nsampler = DistributedSampler(ds, shuffle=SHUFFLE)\n"
     "for epoch in range(10):\n    for b in DataLoader(ds, sampler=sampler):\n        step(b)\n",
-    # TL507: the inner module called under DDP
-    "bypass.py": "import torch\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
-    "ddp_model = DDP(model)\nfor x, y in loader:\n    model(x).sum().backward()\n    opt.step()\n",
 }
 
 
 @pytest.mark.skipif(not torch_available(), reason="--verify needs torch")
 def test_probes_confirm_the_hazard_and_clear_the_look_alike() -> None:
-    findings = [f for path, text in PROBED.items() for f in lint_source(text, path, ["TL505", "TL507"])]
-    assert sorted(f.path for f in findings) == ["bypass.py", "constant.py", "seeded.py"]
+    findings = [f for path, text in PROBED.items() for f in lint_source(text, path, ["TL505"])]
+    assert sorted(f.path for f in findings) == ["constant.py", "seeded.py"]
     verdicts = {f.path: f.verify for f in verify_findings(findings, PROBED, device="cpu", timeout=60)}
     seeded = verdicts["seeded.py"]
     assert seeded is not None and seeded["status"] == "confirmed", seeded
@@ -159,7 +156,3 @@ def test_probes_confirm_the_hazard_and_clear_the_look_alike() -> None:
     fixed_first, fixed_second = seeded["evidence"]["with_set_epoch"]
     assert fixed_first == first and fixed_second != first
     assert verdicts["constant.py"] is not None and verdicts["constant.py"]["status"] == "not-reproduced"
-    bypass = verdicts["bypass.py"]
-    assert bypass is not None and bypass["status"] == "confirmed", bypass
-    spread = bypass["evidence"]["max_gradient_difference_between_ranks"]
-    assert spread["as_written"] > 0 and spread["fixed"] == 0

@@ -16,7 +16,6 @@ class WrappedModelBypassed(Rule):
     id = "TL507"
     name = "wrapped-model-bypassed"
     severity = Severity.ERROR
-    probe = True
     WRAP = "wrap"
     summary = "The module wrapped in DistributedDataParallel is called directly in the training loop."
     # A finding needs a `DistributedDataParallel(...)` call (its imported name is in the text even when

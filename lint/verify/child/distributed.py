@@ -17,7 +17,6 @@ import traceback
 import torch
 
 from . import BOOT, capture, state
-from .bypass import job_bypass
 from .compare import (
     FLOAT32_SUMS,
     FixWording,
@@ -327,7 +326,7 @@ def _job_tokens(probe: dict) -> dict:
     return {"tokens": tokens, **verdict(not cmp["match"], detail, ev, fixed, probe.get("notes", []))}
 
 
-DIST_JOBS = {"ddp_sync": _job_sync, "ddp_tokens": _job_tokens, "ddp_bypass": job_bypass}
+DIST_JOBS = {"ddp_sync": _job_sync, "ddp_tokens": _job_tokens}
 
 
 def drive_distributed(probe: dict) -> dict:

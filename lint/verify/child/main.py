@@ -29,7 +29,6 @@ DRIVERS = {
     "ddp_sync": drive_distributed,
     "ddp_tokens": drive_distributed,
     "sampler_order": drive_sampler_order,
-    "ddp_bypass": drive_distributed,
 }
 
 

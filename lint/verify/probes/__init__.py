@@ -34,7 +34,6 @@ PROBES: dict[str, Probe] = {
     "TL501": distributed.tl501,
     "TL502": distributed.tl502,
     "TL505": sharding.tl505,
-    "TL507": sharding.tl507,
 }
 
 __all__ = ["PROBES", "Probe"]

@@ -1,5 +1,5 @@
-"""Probes of the wrapping and sampling rules: TL505 on CPU without a process group, TL507 on the
-two-process gloo group of the data-parallel probes."""
+"""Probes of the sampling rules: TL505 on CPU without a process group. (TL507 has none: a probe could
+only show DDP's mechanism on a stand-in module, whatever the user's code does.)"""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from typing import Any
 import libcst as cst
 
 from trainlint.model import keyword
-from trainlint.rules.distributed.tl507_wrapped_model_bypassed import WrappedModelBypassed
 from trainlint.verify.context import ProbeContext
 from trainlint.verify.source import NotExecutable, call_site_at
 
@@ -57,31 +56,3 @@ def _literal(expr: cst.BaseExpression) -> bool:
     if isinstance(expr, cst.Integer):
         return True
     return isinstance(expr, cst.Name) and expr.value in ("True", "False")
-
-
-def tl507(ctx: ProbeContext) -> dict[str, Any]:
-    """A backward through a stand-in module called as the finding calls it (the inner module) vs
-    through its DistributedDataParallel wrapper, on two gloo processes with different batches."""
-    call = call_site_at(ctx.model, ctx.finding).node
-    assert isinstance(call, cst.Call)
-    wrap = ctx.related(WrappedModelBypassed.WRAP)
-    setup = (
-        "import torch as __tl_torch__\n"
-        "__tl_torch__.manual_seed(0)\n"
-        "__tl_inner__ = __tl_torch__.nn.Linear(4, 2)\n"
-        "__tl_wrapped__ = __tl_torch__.nn.parallel.DistributedDataParallel(__tl_inner__)\n"
-        "__tl_x__ = __tl_torch__.full((3, 4), float(__tl__.RANK + 1))\n"
-    )
-    line = ctx.model.position(wrap.node).start.line
-    notes = [
-        f"a Linear(4, 2) stands in for `{ctx.model.code(call.func)}`, wrapped in "
-        f"DistributedDataParallel as at line {line}"
-    ]
-    return {
-        "driver": "ddp_bypass",
-        "programs": {
-            "as_written": setup + "__tl_inner__(__tl_x__).sum().backward()\n",
-            "fixed": setup + "__tl_wrapped__(__tl_x__).sum().backward()\n",
-        },
-        "notes": notes,
-    }
