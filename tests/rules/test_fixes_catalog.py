@@ -19,7 +19,7 @@ from trainlint.engine import lint_source
 from trainlint.fix import fix_text
 from trainlint.rule import Applicability, registry
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SAFE, UNSAFE = Applicability.SAFE, Applicability.UNSAFE
 
 

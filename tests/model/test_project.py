@@ -15,7 +15,7 @@ from trainlint.cli import run
 from trainlint.model.project import Project, dependency_key, find_root
 from trainlint.model.summary import summarize
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PROJECTS = ROOT / "fixtures" / "project"
 
 

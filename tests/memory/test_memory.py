@@ -16,7 +16,7 @@ from trainlint.memory.measure import measure  # noqa: E402
 from trainlint.memory.project import Measured, PhasePeak, project, project_all  # noqa: E402
 from trainlint.memory.train import Setup  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from bench.memory import models  # noqa: E402
 

@@ -11,7 +11,7 @@ import pytest
 
 from trainlint.cli import run
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "fixtures"
 EXPECT = re.compile(r"#\s*expect:\s*(?P<ids>TL\d{3}(?:\s*,\s*TL\d{3})*)")
 

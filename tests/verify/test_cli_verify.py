@@ -13,7 +13,7 @@ import pytest
 import trainlint.verify
 from trainlint.cli import run
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 needs_torch = pytest.mark.skipif(not trainlint.verify.torch_available(), reason="--verify needs torch")
 
 

@@ -24,7 +24,7 @@ from pygls.protocol import default_converter
 
 from trainlint.rule import registry
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # Only a guard against a hung server: every wait ends as soon as its condition holds.
 WAIT_S = 120.0
 

@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 
 from trainlint.run.cli import main  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.filterwarnings("ignore")
 
 

@@ -16,7 +16,7 @@ pytest.importorskip("torch")
 
 from trainlint.run.cli import main
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RUN = ROOT / "fixtures" / "run"
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -54,7 +54,7 @@ PLANTED = [
     ("TL404", "bad_memory_readings.py", 9),
     ("TL402", "bad_timing_no_sync.py", 23),
 ]
-# the DDP fixtures (TL501, TL502) run in subprocesses, in tests/test_run_distributed.py
+# the DDP fixtures (TL501, TL502) run in subprocesses, in tests/run/test_run_distributed.py
 
 
 @pytest.mark.parametrize(("rule", "name", "line"), PLANTED)
