@@ -66,9 +66,16 @@ def allocator_peak(fn) -> int:  # type: ignore[no-untyped-def]
 
 
 def deepspeed_zero2_single_gpu(params: int) -> int:
-    """``estimate_zero2_model_states_mem_needs`` (deepspeed/runtime/zero/stage_1_and_2.py), 1 GPU, no
-    offload: ``4 * params + 16 * params / gpus``; fp16 Adam hard-coded, activations not counted."""
-    return 4 * params + 16 * params
+    """DeepSpeed's ``estimate_zero2_model_states_mem_needs`` (deepspeed/runtime/zero/stage_1_and_2.py),
+    1 GPU, no offload: the installed DeepSpeed's own function where the bench's environment has it,
+    else its formula written out (0.19.8: ``2 * params + 18 * params / gpus``, the same 20 bytes per
+    parameter on one GPU); fp16 Adam hard-coded, activations not counted."""
+    try:
+        from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+    except ImportError:
+        return 2 * params + 18 * params
+    _cpu, gpu = estimate_zero2_model_states_mem_needs(params, num_gpus_per_node=1, cpu_offload=False)
+    return gpu
 
 
 def main() -> int:
