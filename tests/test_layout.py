@@ -48,7 +48,10 @@ def _trainlint_imports(path: Path) -> list[tuple[str, tuple[str, ...]]]:
     return [(m, names) for m, names in _imports(path) if m == "trainlint" or m.startswith("trainlint.")]
 
 
-@pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(ROOT)))
+TESTS = sorted((ROOT / "tests").rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", _sources() + TESTS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_modules_and_functions_are_short(path: Path) -> None:
     text = path.read_text(encoding="utf-8")
     assert len(text.splitlines()) <= MAX_MODULE_LINES
