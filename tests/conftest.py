@@ -9,6 +9,7 @@ fixture linted and verified in one batch (one child process, torch imported once
 from __future__ import annotations
 
 import os
+import re
 import textwrap
 from pathlib import Path
 
@@ -72,6 +73,48 @@ class Verified(dict[str, list[Finding]]):
 
     def status(self, name: str) -> str:
         return self.one(name).verify["status"]  # type: ignore[index]
+
+    def assert_each_snippet_reported_once(self, snippets: Snippets) -> None:
+        """Every snippet gives exactly one finding, of its own rule (else its verdict says nothing)."""
+        for name, (rule, _) in snippets.items():
+            assert [f.rule for f in self.get(name, [])] == [rule], name
+
+    def assert_each_rule_confirms_and_names_what_it_cannot_bind(self, snippets: Snippets, rules) -> None:
+        """Every rule's snippets include a true bug (confirmed) and an unbindable one (not-executable)."""
+        for rule in rules:
+            names = [n for n, (r, _) in snippets.items() if r == rule]
+            if rule.startswith("TL50"):  # the data-parallel probes need gloo
+                gloo_or_skip(self.one(names[0]).verify)
+            assert {"confirmed", "not-executable"} <= {self.status(n) for n in names}, rule
+
+    def assert_confirmed(self, path: str, rule: str, line: int | None = None) -> None:
+        """The planted mistake ``rule`` in fixture ``path`` (at ``line`` when given) is confirmed."""
+        found = [f for f in self.get(path, []) if f.rule == rule and line in (None, f.line)]
+        assert found, f"{rule} not reported at {path}:{line}"
+        for finding in found:
+            assert finding.verify["status"] == "confirmed", finding.verify["detail"]  # type: ignore[index]
+            assert finding.verify["evidence"]  # type: ignore[index]
+
+
+def planted_mistakes(rules: tuple[str, ...]) -> list[tuple[str, str, int]]:
+    """(fixture, rule, line) for every ``# expect:`` mistake planted in fixtures/*.py by these rules."""
+    out = []
+    for path in sorted((ROOT / "fixtures").glob("*.py")):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            match = re.search(r"#\s*expect:\s*(TL\d+)", line)
+            if match and match.group(1) in rules:
+                out.append((f"fixtures/{path.name}", match.group(1), number))
+    return out
+
+
+def gloo_or_skip(verify: dict) -> dict:
+    """Skip a data-parallel check on a torch build without gloo (only then)."""
+    if verify["status"] == "not-executable" and "gloo" in verify["detail"]:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_gloo_available()):
+            pytest.skip("torch.distributed with gloo is not available")
+    return verify
 
 
 @pytest.fixture(scope="module")

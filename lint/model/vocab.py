@@ -289,9 +289,11 @@ BATCHNORM_CLASSES = frozenset(
 ) | frozenset(f"torch.nn.modules.batchnorm.{name}" for name in ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d"))
 
 # Dropout, as a module or a function: draws random numbers in training mode (TL204).
-DROPOUT_CALLS = frozenset(
-    {f"torch.nn.{name}" for name in ("Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout")}
-    | {f"torch.nn.functional.{name}" for name in ("dropout", "dropout1d", "dropout2d", "dropout3d")}
+DROPOUT_MODULES = frozenset(
+    f"torch.nn.{name}" for name in ("Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout")
+)
+DROPOUT_CALLS = DROPOUT_MODULES | frozenset(
+    f"torch.nn.functional.{name}" for name in ("dropout", "dropout1d", "dropout2d", "dropout3d")
 )
 
 # FSDP1 (the module wrapper) under its public names (TL503, TL506).

@@ -469,9 +469,6 @@ SEEDING = frozenset(
 )
 
 
-BATCHNORMS = BATCHNORM_CLASSES
-
-
 GRAD_ENABLED = frozenset({"torch.is_grad_enabled"})
 
 
@@ -536,7 +533,7 @@ def side_effects(model: FileModel, target: Target) -> Iterator[tuple[cst.CSTNode
             and _root_name(recv) == "self"
         ):
             what = f"changes `{model.code(recv)}` in place"
-        if what is None and any(c in BATCHNORMS for c in self_attr_callee(model, call, scope)):
+        if what is None and any(c in BATCHNORM_CLASSES for c in self_attr_callee(model, call, scope)):
             bn_calls = [v for v in model.values_of(call.func, scope) if isinstance(v, cst.Call)]
             stats_off = any(
                 (kw := keyword(v, "track_running_stats")) is not None

@@ -22,7 +22,7 @@ from trainlint.model import (
 )
 from trainlint.model.crossfile import checkpoint_wrapper, class_randomness, constructed_class
 from trainlint.model.targets import Target, called_functions, resolve_callable
-from trainlint.model.vocab import CHECKPOINT_FUNCTIONS
+from trainlint.model.vocab import CHECKPOINT_FUNCTIONS, DROPOUT_MODULES
 from trainlint.rules.checkpoint._shared import (
     checkpoint_calls,
     checkpoint_sites,
@@ -346,11 +346,6 @@ RANDOM_FUNCTIONS = frozenset(
         "torch.nn.functional.feature_alpha_dropout",
         "torch.dropout",
     }
-)
-
-
-DROPOUT_MODULES = frozenset(
-    f"torch.nn.{name}" for name in ("Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout")
 )
 
 

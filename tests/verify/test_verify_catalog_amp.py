@@ -8,10 +8,8 @@ recorded step raises, a DDP backward outside ``no_sync`` all-reduces once per bu
 
 from __future__ import annotations
 
-import re
-
 import pytest
-from conftest import ROOT, Snippets
+from conftest import Snippets, planted_mistakes
 
 from trainlint.rule import Applicability
 from trainlint.verify import torch_available
@@ -337,44 +335,17 @@ snippet(
 )
 
 
-def planted() -> list[tuple[str, str, int]]:
-    """(fixture, rule, line) for every mistake planted in fixtures/ whose rule has a probe here."""
-    out = []
-    for path in sorted((ROOT / "fixtures").glob("*.py")):
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            match = re.search(r"#\s*expect:\s*(TL\d+)", line)
-            if match and match.group(1) in VERIFY_RULES:
-                out.append((f"fixtures/{path.name}", match.group(1), number))
-    return out
-
-
-PLANTED = planted()
+PLANTED = planted_mistakes(VERIFY_RULES)
 VERIFY_FIXTURES = sorted({path for path, _, _ in PLANTED})
 VERIFY_TIMEOUT = 90
 
 
-def gloo_or_skip(verify: dict) -> dict:
-    """Skip a data-parallel check on a torch build without gloo (only then)."""
-    if verify["status"] == "not-executable" and "gloo" in verify["detail"]:
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_gloo_available()):
-            pytest.skip("torch.distributed with gloo is not available")
-    return verify
-
-
 def test_every_snippet_is_reported_by_its_rule(verified):
-    for name, (rule, _) in SNIPPETS.items():
-        assert [f.rule for f in verified.get(name, [])] == [rule], name
+    verified.assert_each_snippet_reported_once(SNIPPETS)
 
 
 def test_each_rule_has_a_true_bug_and_an_unbindable_snippet(verified):
-    for rule in VERIFY_RULES:
-        names = [n for n, (r, _) in SNIPPETS.items() if r == rule]
-        if rule.startswith("TL50"):
-            gloo_or_skip(verified.one(names[0]).verify)
-        statuses = {verified.status(n) for n in names}
-        assert {"confirmed", "not-executable"} <= statuses, rule
+    verified.assert_each_rule_confirms_and_names_what_it_cannot_bind(SNIPPETS, VERIFY_RULES)
 
 
 # TL102 -------------------------------------------------------------------------------------------------
@@ -509,11 +480,7 @@ def test_planted_fixture_mistakes_with_a_probe_are_found():
 
 @pytest.mark.parametrize(("path", "rule", "line"), PLANTED)
 def test_planted_fixture_mistakes_are_confirmed(verified, path, rule, line):
-    found = [f for f in verified.get(path, []) if f.rule == rule and f.line == line]
-    assert found, f"{rule} not reported at {path}:{line}"
-    for finding in found:
-        assert finding.verify["status"] == "confirmed", finding.verify["detail"]
-        assert finding.verify["evidence"]
+    verified.assert_confirmed(path, rule, line)
 
 
 def test_fixture_direct_step_with_adamw_shows_both_halves_of_the_hazard(verified):

@@ -363,8 +363,7 @@ line_of = SNIPPETS.line_of
 
 
 def test_every_snippet_is_reported_by_its_rule(verified):
-    for name, (rule, _) in SNIPPETS.items():
-        assert [f.rule for f in verified.get(name, [])] == [rule], name
+    verified.assert_each_snippet_reported_once(SNIPPETS)
 
 
 def test_verify_object_shape(verified):
@@ -518,11 +517,7 @@ PLANTED = [
 
 @pytest.mark.parametrize(("path", "rule"), PLANTED)
 def test_planted_fixture_mistakes_are_confirmed(verified, path, rule):
-    found = [f for f in verified[path] if f.rule == rule]
-    assert found, f"{rule} not reported in {path}"
-    for finding in found:
-        assert finding.verify["status"] == "confirmed", finding.verify["detail"]
-        assert finding.verify["evidence"]
+    verified.assert_confirmed(path, rule)
 
 
 @pytest.mark.cuda

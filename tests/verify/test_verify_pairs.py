@@ -393,8 +393,7 @@ def verdicts(verified, name: str) -> tuple[dict, dict]:
 
 
 def test_every_snippet_is_reported_by_its_rule(verified):
-    for name, (rule, _) in SNIPPETS.items():
-        assert [f.rule for f in verified.get(name, [])] == [rule], name
+    verified.assert_each_snippet_reported_once(SNIPPETS)
 
 
 def test_tl101_uses_pytorchs_default_init_scale_and_the_files_own(verified):

@@ -175,12 +175,18 @@ def drive_grads(probe: dict) -> dict:
     return first
 
 
-def _grads_once(probe: dict) -> dict:
+def _checkpoint_variants(probe: dict) -> tuple[dict, dict, str]:
+    """The reference, as-written and fixed runs of a checkpointed call (outputs and gradients), their
+    failures, and the call's name for the details."""
     roots = probe.get("roots", ["self"])
     runs, failures = run_variants(
         probe, ("reference", "as_written", "fixed"), lambda ns: run_grads_variant(ns, roots)
     )
-    label = probe.get("call_label", "the checkpointed call")
+    return runs, failures, probe.get("call_label", "the checkpointed call")
+
+
+def _grads_once(probe: dict) -> dict:
+    runs, failures, label = _checkpoint_variants(probe)
     if "reference" in failures or "reference" not in runs:
         return not_executable(failures.get("reference") or failures.get("as_written", "no result"))
     fixed = fixed_outcome(runs, failures, ("grads", "outputs"), FLOAT32, CHECKPOINT_FIX)
@@ -225,11 +231,7 @@ def _grads_once(probe: dict) -> dict:
 def drive_rng(probe: dict) -> dict:
     """TL204: the checkpoint with ``preserve_rng_state=False`` vs the plain call (and with the RNG
     state preserved): gradients computed for a different random draw than the forward used."""
-    roots = probe.get("roots", ["self"])
-    runs, failures = run_variants(
-        probe, ("reference", "as_written", "fixed"), lambda ns: run_grads_variant(ns, roots)
-    )
-    label = probe.get("call_label", "the checkpointed call")
+    runs, failures, label = _checkpoint_variants(probe)
     if "reference" in failures or "reference" not in runs:
         return not_executable(failures.get("reference") or failures.get("as_written", "no result"))
     if "as_written" in failures:

@@ -7,7 +7,7 @@ from typing import Any
 import libcst as cst
 
 from trainlint.model import Site, attr_name, exclusive, in_loop, innermost_loop
-from trainlint.verify.context import ProbeContext, TextEdit
+from trainlint.verify.context import ProbeContext, TextEdit, insert_after, replace_node
 from trainlint.verify.loops import LoopWindow
 from trainlint.verify.source import NotExecutable, call_site_at
 
@@ -41,6 +41,14 @@ def small_statement(ctx: ProbeContext, site: Site) -> cst.BaseSmallStatement:
                 return small
     line = ctx.model.position(site.node).start.line
     raise NotExecutable(f"the call on line {line} is not a statement of its own")
+
+
+def moved_after_step(ctx: ProbeContext, call: Site, step: Site) -> dict[str, list[TextEdit]]:
+    """The variants of a call that runs on every micro-step: as written, and (the reference) the call
+    moved right after the optimizer's step, so that it runs under the step's own condition."""
+    model = ctx.model
+    moved = insert_after(model, small_statement(ctx, step), f"; {model.code(call.node)}")
+    return {"reference": [replace_node(model, call.node, "None"), moved], "as_written": []}
 
 
 def loop_probe(

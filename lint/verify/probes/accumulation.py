@@ -10,9 +10,14 @@ import libcst as cst
 from trainlint.model import Site, dotted, in_loop, innermost_loop, split_lines
 from trainlint.rules.accumulation.tl302_loss_accumulated_with_graph import LossAccumulatedWithGraph
 from trainlint.rules.accumulation.tl303_zero_grad_every_microstep import ZeroGradEveryMicrostep
-from trainlint.verify.context import ProbeContext, insert_after, replace_node
+from trainlint.verify.context import ProbeContext, replace_node
 from trainlint.verify.loops import build_loop
-from trainlint.verify.probes._common import backward_for, flagged_call, loop_probe, small_statement
+from trainlint.verify.probes._common import (
+    backward_for,
+    flagged_call,
+    loop_probe,
+    moved_after_step,
+)
 from trainlint.verify.probes._tokens import (
     division_at,
     division_statements,
@@ -200,17 +205,9 @@ def tl303(ctx: ProbeContext) -> dict[str, Any]:
     """The loop as written vs ``zero_grad()`` moved right after the step under the accumulation
     condition: compares the gradient each optimizer step applies (the accumulated window vs only the
     last microbatch)."""
-    model = ctx.model
     zero = flagged_call(ctx, "zero_grad")
     step = ctx.related(ZeroGradEveryMicrostep.STEP)
     backward = backward_for(ctx, step, kinds=("scaled_backward", "backward"))
     window = build_loop(ctx, zero, backward, [step])
-    small = small_statement(ctx, step)
-    variants = {
-        "reference": [
-            replace_node(model, zero.node, "None"),
-            insert_after(model, small, f"; {model.code(zero.node)}"),
-        ],
-        "as_written": [],
-    }
+    variants = moved_after_step(ctx, zero, step)
     return loop_probe(window, variants)

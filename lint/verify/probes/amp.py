@@ -30,7 +30,13 @@ from trainlint.rules.amp.tl104_unscale_twice import UnscaleTwice
 from trainlint.rules.amp.tl105_half_instead_of_autocast import HalfInsteadOfAutocast
 from trainlint.verify.context import ProbeContext, insert_after, insert_before, replace_node
 from trainlint.verify.loops import build_loop
-from trainlint.verify.probes._common import backward_for, flagged_call, loop_probe, small_statement
+from trainlint.verify.probes._common import (
+    backward_for,
+    flagged_call,
+    loop_probe,
+    moved_after_step,
+    small_statement,
+)
 from trainlint.verify.source import NotExecutable, analyse_names, call_site_at, indent
 from trainlint.verify.values import file_value
 from trainlint.verify.window import (
@@ -304,19 +310,11 @@ def tl102(ctx: ProbeContext) -> dict[str, Any]:
 def tl103(ctx: ProbeContext) -> dict[str, Any]:
     """The loop as written vs ``update()`` moved right after ``scaler.step`` under the accumulation
     condition; an enabled scaler raises on the first micro-step that has nothing to update."""
-    model = ctx.model
     update = flagged_call(ctx, "update")
     step = ctx.related(ScalerUpdatePerMicrostep.SCALER_STEP)
     backward = backward_for(ctx, update)
     window = build_loop(ctx, update, backward, [step])
-    small = small_statement(ctx, step)
-    variants = {
-        "reference": [
-            replace_node(model, update.node, "None"),
-            insert_after(model, small, f"; {model.code(update.node)}"),
-        ],
-        "as_written": [],
-    }
+    variants = moved_after_step(ctx, update, step)
     return loop_probe(window, variants, expect=(UPDATE_WITHOUT_STEP,))
 
 
