@@ -5,7 +5,10 @@ model and training script and the ``good_*`` fixtures, a handful of findings; ``
 fixture, a planted mistake every few lines), then:
 
 - in process: ``Linter.lint`` (what the server runs) on the first text, then on ``--edits`` edited
-  versions (one line changed each time, as typing does), and on an unchanged text (a save, a hover);
+  versions (a series: each differs from the one before in one line, as typing makes them), and on an
+  unchanged text (a save, a hover);
+- phases: where a whole lint's time goes, and where a relint after an edit goes (the partial
+  re-parse of ``trainlint.incremental``, the positions, ``lint_module``);
 - over stdio: a real server process (``--debounce 0``) and pygls's client; the time from sending
   ``didChange`` to receiving its ``publishDiagnostics``.
 
@@ -47,8 +50,23 @@ def corpus(kind: str) -> str:
 
 
 def edited(text: str, n: int) -> str:
-    """The text with one line in the middle changed (a number appended to a comment line)."""
-    return text + f"\n# edit {n}\n" if n % 2 else text.replace("\n", f"\n# edit {n}\n", 1)
+    """The text with one line changed, as typing does: edit ``n`` of a series appends a word to one
+    comment line, a different one each time, spread over the file (always valid Python). Applied to
+    the previous edit's text, so that two consecutive texts differ in that one line."""
+    lines = text.split("\n")
+    comments = [k for k, line in enumerate(lines) if line.lstrip().startswith("#")]
+    k = comments[(n * 7919) % len(comments)]
+    lines[k] += f" edit{n}"
+    return "\n".join(lines)
+
+
+def series(text: str, edits: int) -> list[str]:
+    """``edits`` texts, each one ``edited`` from the one before."""
+    out = []
+    for n in range(edits):
+        text = edited(text, n)
+        out.append(text)
+    return out
 
 
 def ms(values: list[float]) -> str:
@@ -68,15 +86,17 @@ def in_process(text: str, edits: int) -> None:
     linter = Linter(ROOT)
     wall, cpu = timed(lambda: linter.lint(text, None, "bench.py"))
     print(f"in process, first lint: {wall * 1000:.0f} ms wall, {cpu * 1000:.0f} ms CPU")
-    after = [timed(lambda n=n: linter.lint(edited(text, n), None, "bench.py")) for n in range(edits)]
+    after = [timed(lambda t=t: linter.lint(t, None, "bench.py")) for t in series(text, edits)]
     print(f"in process, after an edit: wall {ms([w for w, _ in after])}; CPU {ms([c for _, c in after])}")
     same = [timed(lambda: linter.lint(text, None, "bench.py")) for _ in range(edits)]
     print(f"in process, unchanged text (save, hover, code action): wall {ms([w for w, _ in same])}")
 
 
 def phases(text: str, rounds: int) -> None:
-    """Where a relint's time goes (best of ``rounds``): libcst's parser, the file model, the position
-    pass the first finding triggers (code generation of the whole module), and the whole ``lint_text``."""
+    """Where a whole lint's time goes (wall time, best of ``rounds``): libcst's parser, the file model,
+    the position pass the first finding triggers (code generation of the whole module), and the whole
+    ``lint_text`` (what the server ran for every edit before it re-parsed in part, and still runs for a
+    text it cannot: one that does not parse, say)."""
     import libcst as cst
 
     from trainlint.engine import lint_text
@@ -87,7 +107,7 @@ def phases(text: str, rounds: int) -> None:
     options = LintOptions(tuple(registry().ids()))
     best: dict[str, float] = {}
     for n in range(rounds):
-        changed = edited(text, n)
+        changed = edited(text, n)  # from ``text``: the whole parse does not depend on the last text
         marks = [time.perf_counter()]
         module = cst.parse_module(changed)
         marks.append(time.perf_counter())
@@ -102,6 +122,38 @@ def phases(text: str, rounds: int) -> None:
         for name, start, end in zip(names, marks[:-1], marks[1:], strict=True):
             best[name] = min(best.get(name, float("inf")), end - start)
     print("phases (best of", rounds, "):", ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in best.items()))
+
+
+def partial_phases(text: str, rounds: int) -> None:
+    """Where a relint after an edit goes in the server (CPU time, best of ``rounds``): the partial
+    re-parse (``trainlint.incremental``), the positions of the module (the untouched statements'
+    shifted), and ``lint_module`` (file model, rules, suppressions) on it."""
+    from trainlint.engine import lint_module
+    from trainlint.incremental import parse_full, reparse
+    from trainlint.model.filemodel import PRECOMPUTED
+    from trainlint.results import LintOptions
+    from trainlint.rule import registry
+
+    options = LintOptions(tuple(registry().ids()))
+    parsed = parse_full(text)
+    best: dict[str, float] = {}
+    for changed in series(text, rounds):
+        assert parsed is not None
+        marks = [time.process_time()]
+        new = reparse(parsed, changed)
+        assert new is not None and new is not parsed, "a comment edit is always re-parsed in part"
+        marks.append(time.process_time())
+        PRECOMPUTED[id(new.module)] = (new.module, new.positions())
+        marks.append(time.process_time())
+        lint_module(new.module, changed, "bench.py", options)
+        marks.append(time.process_time())
+        PRECOMPUTED.pop(id(new.module))
+        parsed = new
+        names = ("partial parse", "positions", "lint_module")
+        for name, start, end in zip(names, marks[:-1], marks[1:], strict=True):
+            best[name] = min(best.get(name, float("inf")), end - start)
+    shown = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in best.items())
+    print(f"after an edit, CPU (best of {rounds}): {shown}")
 
 
 async def over_stdio(text: str, edits: int) -> None:
@@ -126,13 +178,13 @@ async def over_stdio(text: str, edits: int) -> None:
     client.text_document_did_open(lsp.DidOpenTextDocumentParams(lsp.TextDocumentItem(uri, "python", 1, text)))
     print(f"over stdio, open (first lint): {(await wait(1) - sent) * 1000:.0f} ms")
     times = []
-    for n in range(edits):
+    for n, changed in enumerate(series(text, edits)):
         version = n + 2
         sent = time.perf_counter()
         client.text_document_did_change(
             lsp.DidChangeTextDocumentParams(
                 lsp.VersionedTextDocumentIdentifier(version=version, uri=uri),
-                [lsp.TextDocumentContentChangeWholeDocument(text=edited(text, n))],
+                [lsp.TextDocumentContentChangeWholeDocument(text=changed)],
             )
         )
         times.append(await wait(version) - sent)
@@ -156,6 +208,7 @@ def main() -> None:
     )
     in_process(text, args.edits)
     phases(text, min(args.edits, 8))
+    partial_phases(text, min(args.edits, 8))
     asyncio.run(over_stdio(text, args.edits))
 
 

@@ -14,6 +14,7 @@ from trainlint.rule import (
     Severity,
     TextEditSpec,
     call_pattern,
+    imported,
     method_call_pattern,
 )
 
@@ -28,5 +29,6 @@ __all__ = [
     "TextEditSpec",
     "call_pattern",
     "delete_statement",
+    "imported",
     "method_call_pattern",
 ]

@@ -223,6 +223,10 @@ class ResultCache:
         self.root = self.folder / self.fingerprint[:16]
         self._root = str(self.root)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # workers get the folder and secrets, not the last file's text
+        return {k: v for k, v in self.__dict__.items() if k != "_last_key"}
+
     def problem(self) -> str | None:
         """Why this cache must not be used (its folder or version folder is a link, a file, another
         user's), or None."""
@@ -234,9 +238,15 @@ class ResultCache:
 
     # -- reading -------------------------------------------------------------------------------------
     def key(self, job: Job, text: str) -> str:
+        # a miss looks the key up, lints, then stores under the same key: computed once for both
+        last = getattr(self, "_last_key", None)
+        if last is not None and last[0] == job and last[1] == text:
+            return last[2]
         # a finding may rest on other project files' facts (the project index): their digest counts
         facts = dependency_key(job[0], text, self.root / "summaries")
-        return entry_key(self.fingerprint, job[1], job[2], f"{text}\0{facts}" if facts else text, self.secret)
+        key = entry_key(self.fingerprint, job[1], job[2], f"{text}\0{facts}" if facts else text, self.secret)
+        self._last_key = (job, text, key)
+        return key
 
     def _file(self, key: str) -> str:
         return os.path.join(self._root, key[:2], key + ".json")

@@ -25,13 +25,14 @@ from trainlint.config import (
     select_rules,
 )
 from trainlint.files import MAX_SOURCE_BYTES, discover, display_path, is_excluded, read_source
+from trainlint.gates import rule_ids
 from trainlint.notebook import MAX_NOTEBOOK_BYTES
 from trainlint.notebook import SUFFIX as NOTEBOOK
 from trainlint.procs import Terminated, discard_stdout, init_worker, sigterm_unwinds
 from trainlint.report import REPORTERS, OutputOptions, RunReport, make_console
 from trainlint.report.escape import escape_controls
 from trainlint.results import FileResult, LintOptions, Problem, ProblemKind, internal_error
-from trainlint.rule import Finding, registry, use_known_ids
+from trainlint.rule import Finding, use_known_ids
 
 if TYPE_CHECKING:
     import multiprocessing.context
@@ -302,8 +303,10 @@ def _exit_code(report: RunReport, args: argparse.Namespace) -> int:
 
 def _stop(problem: Problem) -> int:
     """End the run before anything is linted: one line on stderr, and the exit code of its kind."""
+    code = EXIT_ERROR if problem.kind.fatal else EXIT_CLEAN
+    _PENDING_EXIT[:] = [code]  # `trainlint ... 2>&1 | head -1` still exits with it
     _print_problems([problem])
-    return EXIT_ERROR if problem.kind.fatal else EXIT_CLEAN
+    return code
 
 
 def _print_problems(problems: Sequence[Problem]) -> None:
@@ -510,8 +513,8 @@ def _fix(
     args: argparse.Namespace,
 ) -> int | None:
     """Apply (``--fix``) or show (``--diff``) fixes; returns an exit code when the run ends here."""
-    from trainlint.engine import lint_text
     from trainlint.fix import applicable, unified_diff, write_fixed
+    from trainlint.notebook_fix import lint_file
     from trainlint.verdicts import carry_verdicts, unsafe_hint
 
     paths = sorted({f.path for f in report.findings if applicable(f, args.unsafe_fixes)})
@@ -538,20 +541,24 @@ def _fix(
         elif fs_path is None:
             fixed_stdin = outcome.text
         report.fixed += outcome.fixed
-        left = lint_text(outcome.text, shown, options).findings
+        left = lint_file(outcome.text, shown, options).findings
         remaining.extend(carry_verdicts(left, report.findings, before, outcome.text))
         report.sources[shown] = outcome.text
     if args.diff:
+        code = EXIT_FINDINGS if diffs and not args.exit_zero else EXIT_CLEAN
+        _PENDING_EXIT[:] = [code]  # `trainlint --diff . | head -1` still exits with it
         _print_problems(report.errors)
         if diffs:
             sys.stdout.write("".join(diffs))
         elif not args.unsafe_fixes:
             unsafe_hint(report)
-        return EXIT_FINDINGS if diffs and not args.exit_zero else EXIT_CLEAN
+        return code
     report.findings = sorted(remaining, key=lambda f: f.sort_key)
     if stdin_text is not None:
+        code = EXIT_FINDINGS if report.findings and not args.exit_zero else EXIT_CLEAN
+        _PENDING_EXIT[:] = [code]
         sys.stdout.write(fixed_stdin or "")
-        return EXIT_FINDINGS if report.findings and not args.exit_zero else EXIT_CLEAN
+        return code
     return None
 
 
@@ -565,8 +572,7 @@ def _fixed_file(
 ) -> _FixedFile | None:
     """One file's (or stdin's) text with its fixes applied, written nowhere yet; None when the file
     cannot be read again. Fixes that had to be dropped are recorded in ``report.errors``."""
-    from trainlint.engine import lint_text
-    from trainlint.fix import fix_text
+    from trainlint.notebook_fix import fix_file, lint_file
 
     if fs_path is None:
         original, before = None, stdin_text or ""
@@ -585,9 +591,9 @@ def _fixed_file(
     def lint(text: str) -> list[Finding]:
         # the text as it was linted (and verified): its findings, whose fixes --verify may have
         # marked verified; a re-lint would only find them unsafe again
-        return known if text == before else lint_text(text, shown, options).findings
+        return known if text == before else lint_file(text, shown, options).findings
 
-    outcome = fix_text(before, lint, unsafe)
+    outcome = fix_file(fs_path or shown, before, lint, unsafe)
     report.errors.extend(Problem(ProblemKind.FIX, shown, f"fix not applied: {m}") for m in outcome.dropped)
     return _FixedFile(original, before, outcome)
 
@@ -621,11 +627,12 @@ def _lint_todo(
     """Lint the jobs the cache could not answer, filling ``results`` in place."""
     import gc
 
-    # Files to lint: load the engine and the rules here, once, before any worker is forked.
+    # Files to lint: load the engine here, once, before any worker is forked. libcst and the rules
+    # load where a file needs them (a run whose files the prefilter rejects never loads them).
     import trainlint.engine  # noqa: F401
 
     if cache is not None:
-        cache.record_rule_ids(tuple(registry().ids()))
+        cache.record_rule_ids(rule_ids())
     sizes = {}
     for i in todo:
         try:

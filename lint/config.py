@@ -6,7 +6,6 @@ Unknown keys, unknown rule ids and values of the wrong type are errors (``Config
 from __future__ import annotations
 
 import errno
-import fnmatch
 import math
 import os
 import stat
@@ -16,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainlint.files import DEFAULT_EXCLUDES, physical_path
+from trainlint.files import DEFAULT_EXCLUDES, ExcludePatterns, GlobSet, physical_path
 from trainlint.rule import Severity, rule_ids
 
 
@@ -56,11 +55,22 @@ class Config:
     severity: dict[str, Severity] = field(default_factory=dict)
     verify_device: str = "auto"
     verify_timeout: float = 60.0
+    _excludes: ExcludePatterns | None = field(default=None, init=False, repr=False, compare=False)
+    _ignore_globs: GlobSet | None = field(default=None, init=False, repr=False, compare=False)
 
-    def excludes(self) -> list[str]:
-        """The exclude patterns: ``exclude`` (default: tool and environment folders) + ``extend-exclude``."""
-        base = self.exclude if self.exclude is not None else list(DEFAULT_EXCLUDES)
-        return base + self.extend_exclude
+    def excludes(self) -> ExcludePatterns:
+        """The exclude patterns: ``exclude`` (default: tool and environment folders) + ``extend-exclude``.
+        Built once (a configuration is complete when loaded): each file of a run asks for them."""
+        if self._excludes is None:
+            base = self.exclude if self.exclude is not None else DEFAULT_EXCLUDES
+            self._excludes = ExcludePatterns((*base, *self.extend_exclude))
+        return self._excludes
+
+    def ignore_globs(self) -> GlobSet:
+        """The globs of ``per-file-ignores``, indexed once (each file of a run is matched)."""
+        if self._ignore_globs is None:
+            self._ignore_globs = GlobSet(self.per_file_ignores)
+        return self._ignore_globs
 
     def fingerprint(self) -> str:
         """Everything that changes findings, as a stable string (the result cache keys on it)."""
@@ -105,20 +115,42 @@ def select_rules(select: list[str] | None, extend_select: Iterable[str], ignore:
     return sorted(i for i in chosen if not matches(i, ignored))
 
 
-def find_config(start: Path) -> Path | None:
-    """The nearest trainlint.toml, or pyproject.toml holding ``[tool.trainlint]``, at or above start."""
-    start = start.resolve()
-    for folder in (start, *start.parents):
-        candidate = folder / "trainlint.toml"
-        if candidate.is_file():
+def find_config(
+    start: Path,
+    found: dict[Path, Path | None] | None = None,
+    parsed: dict[Path, dict[str, Any]] | None = None,
+) -> Path | None:
+    """The nearest trainlint.toml, or pyproject.toml holding ``[tool.trainlint]``, at or above start.
+
+    ``found`` (the answer for each folder looked at) and ``parsed`` (each pyproject.toml read) are a
+    resolver's memory for one run: without them, each folder of a tree would parse the same
+    pyproject.toml again, and a committed one can hold a megabyte of patterns."""
+    found = {} if found is None else found
+    visited: list[Path] = []
+    answer = None
+    for folder in (resolved := start.resolve(), *resolved.parents):
+        if folder in found:
+            answer = found[folder]
+            break
+        visited.append(folder)
+        answer = _config_in(folder, parsed if parsed is not None else {})
+        if answer is not None or any(os.path.lexists(folder / marker) for marker in REPOSITORY_MARKERS):
+            break  # a repository's code is never configured from above its root
+    for folder in visited:
+        found[folder] = answer
+    return answer
+
+
+def _config_in(folder: Path, parsed: dict[Path, dict[str, Any]]) -> Path | None:
+    candidate = folder / "trainlint.toml"
+    if candidate.is_file():
+        return candidate
+    candidate = folder / "pyproject.toml"
+    if candidate.is_file():
+        data = parsed[candidate] = _read_toml(candidate)
+        tool = data.get("tool")
+        if isinstance(tool, dict) and "trainlint" in tool:
             return candidate
-        candidate = folder / "pyproject.toml"
-        if candidate.is_file():
-            tool = _read_toml(candidate).get("tool")
-            if isinstance(tool, dict) and "trainlint" in tool:
-                return candidate
-        if any(os.path.lexists(folder / marker) for marker in REPOSITORY_MARKERS):
-            return None  # a repository's code is never configured from above its root
     return None
 
 
@@ -171,11 +203,12 @@ def _str_list(value: Any, where: str) -> list[str]:
     return list(value)
 
 
-def load_config(path: Path | None) -> Config:
-    """Read and validate a configuration file; ``None`` gives the defaults rooted at the cwd."""
+def load_config(path: Path | None, data: dict[str, Any] | None = None) -> Config:
+    """Read and validate a configuration file (``data``: its contents if already parsed); ``None``
+    gives the defaults rooted at the cwd."""
     if path is None:
         return Config()
-    table, prefix = _settings_table(_read_toml(path), path)
+    table, prefix = _settings_table(_read_toml(path) if data is None else data, path)
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: {prefix} must be a table, got {table!r}")
     where = f"{path}: {prefix}" if prefix.startswith("[") else str(path)
@@ -194,65 +227,82 @@ def load_config(path: Path | None) -> Config:
         cfg.exclude = _str_list(table["exclude"], f"{where} exclude")
     if "extend-exclude" in table:
         cfg.extend_exclude = _str_list(table["extend-exclude"], f"{where} extend-exclude")
+    if "exclude" in table or "extend-exclude" in table:
+        alike = cfg.excludes().matcher.too_alike()
+        if alike is not None:  # a committed configuration must not make every path check slow
+            raise ConfigError(f"{where} exclude patterns: {alike}")
     if "per-file-ignores" in table:
-        pfi = table["per-file-ignores"]
-        if not isinstance(pfi, dict):
-            raise ConfigError(f"{where} per-file-ignores: expected a table of glob = [ids]")
-        for glob, ids in pfi.items():
-            key = f"{where} per-file-ignores.{glob!r}"
-            cfg.per_file_ignores[glob] = check_selectors(_str_list(ids, key), key)
+        _set_per_file_ignores(cfg, table["per-file-ignores"], where)
     if "severity" in table:
-        sev = table["severity"]
-        if not isinstance(sev, dict):
-            raise ConfigError(f"{where} severity: expected a table of rule id = severity")
-        for rule_id, level in sev.items():
-            if rule_id.upper() not in rule_ids():
-                raise ConfigError(
-                    f"{where} severity: unknown rule id {rule_id!r} (a full id such as TL101; "
-                    "see `trainlint --list-rules`)"
-                )
-            try:
-                cfg.severity[rule_id.upper()] = Severity(level)
-            except ValueError:
-                raise ConfigError(
-                    f"{where} severity.{rule_id}: expected error, warning or info, got {level!r}"
-                ) from None
+        _set_severity(cfg, table["severity"], where)
     if "verify" in table:
-        verify = table["verify"]
         vwhere = f"{path}: {prefix[:-1]}.verify]" if prefix.startswith("[") else f"{where} [verify]"
-        if not isinstance(verify, dict):
-            raise ConfigError(f"{where} verify: expected a table, got {verify!r}")
-        unknown = sorted(set(verify) - VERIFY_KEYS)
-        if unknown:
-            raise ConfigError(
-                f"{vwhere}: unknown key {unknown[0]!r} (known keys: {', '.join(sorted(VERIFY_KEYS))})"
-            )
-        if "device" in verify:
-            device = verify["device"]
-            if not isinstance(device, str) or device not in DEVICES:
-                raise ConfigError(f"{vwhere} device: expected one of {', '.join(DEVICES)}, got {device!r}")
-            cfg.verify_device = device
-        if "timeout" in verify:
-            timeout = verify["timeout"]
-            if (
-                isinstance(timeout, bool)
-                or not isinstance(timeout, int | float)
-                or not math.isfinite(timeout)
-                or timeout <= 0
-            ):
-                raise ConfigError(f"{vwhere} timeout: expected a positive number of seconds, got {timeout!r}")
-            cfg.verify_timeout = float(timeout)
+        _set_verify(cfg, table["verify"], where, vwhere)
     return cfg
 
 
+def _set_per_file_ignores(cfg: Config, pfi: Any, where: str) -> None:
+    if not isinstance(pfi, dict):
+        raise ConfigError(f"{where} per-file-ignores: expected a table of glob = [ids]")
+    for glob, ids in pfi.items():
+        key = f"{where} per-file-ignores.{glob!r}"
+        cfg.per_file_ignores[glob] = check_selectors(_str_list(ids, key), key)
+    alike = cfg.ignore_globs().too_alike()
+    if alike is not None:  # each file is matched against every glob
+        raise ConfigError(f"{where} per-file-ignores: {alike}")
+
+
+def _set_severity(cfg: Config, sev: Any, where: str) -> None:
+    if not isinstance(sev, dict):
+        raise ConfigError(f"{where} severity: expected a table of rule id = severity")
+    for rule_id, level in sev.items():
+        if rule_id.upper() not in rule_ids():
+            raise ConfigError(
+                f"{where} severity: unknown rule id {rule_id!r} (a full id such as TL101; "
+                "see `trainlint --list-rules`)"
+            )
+        try:
+            cfg.severity[rule_id.upper()] = Severity(level)
+        except ValueError:
+            raise ConfigError(
+                f"{where} severity.{rule_id}: expected error, warning or info, got {level!r}"
+            ) from None
+
+
+def _set_verify(cfg: Config, verify: Any, where: str, vwhere: str) -> None:
+    if not isinstance(verify, dict):
+        raise ConfigError(f"{where} verify: expected a table, got {verify!r}")
+    unknown = sorted(set(verify) - VERIFY_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"{vwhere}: unknown key {unknown[0]!r} (known keys: {', '.join(sorted(VERIFY_KEYS))})"
+        )
+    if "device" in verify:
+        device = verify["device"]
+        if not isinstance(device, str) or device not in DEVICES:
+            raise ConfigError(f"{vwhere} device: expected one of {', '.join(DEVICES)}, got {device!r}")
+        cfg.verify_device = device
+    if "timeout" in verify:
+        timeout = verify["timeout"]
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not math.isfinite(timeout)
+            or timeout <= 0
+        ):
+            raise ConfigError(f"{vwhere} timeout: expected a positive number of seconds, got {timeout!r}")
+        cfg.verify_timeout = float(timeout)
+
+
 def ignored_for_file(cfg: Config, rel_path: str) -> list[str]:
-    """Rule selectors that ``per-file-ignores`` turns off for a path relative to the config root."""
-    out: list[str] = []
+    """Rule selectors that ``per-file-ignores`` turns off for a path relative to the config root: those
+    of each glob that matches the path or its file name (as ``fnmatch.fnmatch`` matches)."""
+    if not cfg.per_file_ignores:
+        return []
+    globs = cfg.ignore_globs()
     name = rel_path.rsplit("/", 1)[-1]
-    for glob, ids in cfg.per_file_ignores.items():
-        if fnmatch.fnmatch(rel_path, glob) or fnmatch.fnmatch(name, glob):
-            out.extend(ids)
-    return out
+    matched = {*globs.matching(rel_path), *globs.matching(name)}
+    return [i for glob in matched for i in cfg.per_file_ignores[glob]]
 
 
 class ConfigResolver:
@@ -264,6 +314,8 @@ class ConfigResolver:
         self._pinned = load_config(pinned) if pinned is not None else None
         self._by_folder: dict[Path, Config] = {}
         self._by_source: dict[Path | None, Config] = {}
+        self._found: dict[Path, Path | None] = {}
+        self._parsed: dict[Path, dict[str, Any]] = {}
 
     def for_folder(self, folder: Path) -> Config:
         if self._pinned is not None:
@@ -271,10 +323,11 @@ class ConfigResolver:
         folder = folder.absolute()
         config = self._by_folder.get(folder)
         if config is None:
-            source = find_config(folder)
+            source = find_config(folder, self._found, self._parsed)
             config = self._by_source.get(source)
             if config is None:
-                config = self._by_source[source] = load_config(source)
+                data = self._parsed.get(source) if source is not None else None
+                config = self._by_source[source] = load_config(source, data)
             self._by_folder[folder] = config
         return config
 

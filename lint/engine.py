@@ -12,11 +12,10 @@ import re
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
-import libcst as cst
-
+from trainlint import bounded
 from trainlint.files import (
     _UNSAFE_FOR_AST,
     MAX_BRACKET_DEPTH,
@@ -27,7 +26,7 @@ from trainlint.files import (
     too_crowded,
     too_large,
 )
-from trainlint.model import FileModel
+from trainlint.gates import Gate, code_text, gates
 from trainlint.model.project import Project
 from trainlint.report.escape import one_line_code
 from trainlint.results import FileResult, LintOptions, Problem, ProblemKind, internal_error
@@ -36,6 +35,7 @@ from trainlint.rule import (
     Edit,
     Finding,
     Fix,
+    Registry,
     Related,
     Rule,
     Severity,
@@ -44,14 +44,33 @@ from trainlint.rule import (
 )
 from trainlint.suppress import parse_suppressions
 
+if TYPE_CHECKING:  # libcst, the file model and the rules load only when a file needs them
+    import libcst as cst
+
+    from trainlint.model import FileModel
+
+
+def __getattr__(name: str) -> Any:
+    """``FileModel`` (and with it libcst) loads on first use: a run whose files no rule needs never
+    loads it."""
+    if name == "FileModel":
+        from trainlint.model import FileModel
+
+        globals()["FileModel"] = FileModel
+        return FileModel
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _file_model_class() -> type[FileModel]:
+    return globals().get("FileModel") or __getattr__("FileModel")
+
 
 def _engine_finding(rule_id: str, path: str, line: int, column: int, message: str) -> Finding:
-    rule = registry().get(rule_id)
-    assert rule is not None
+    rule = gates()[rule_id]
     return Finding(
         rule=rule.id,
         name=rule.name,
-        severity=rule.severity,
+        severity=Severity(rule.severity),
         path=path,
         line=line,
         column=column,
@@ -131,6 +150,8 @@ def _syntax_error(
         return _engine_finding(
             "TL901", path, max(line, 1), max(column, 1), "Cannot parse this file: " + _sentence(cpython.msg)
         )
+    import libcst as cst
+
     if isinstance(exc, (cst.ParserSyntaxError, cst.CSTValidationError)):
         if isinstance(exc, cst.ParserSyntaxError):
             line, column, detail = exc.editor_line, exc.editor_column, exc.message.strip().rstrip(".")
@@ -151,13 +172,22 @@ def _tree_depth(tree: ast.AST) -> tuple[int, int]:
     ``BoolOp`` here but a chain there), with the line where it occurs. Iterative: never recurses."""
     best, best_line = 0, 1
     stack: list[tuple[ast.AST, int, int]] = [(tree, 1, 1)]
+    pop, push, node_type = stack.pop, stack.append, ast.AST
     while stack:
-        node, depth, line = stack.pop()
+        node, depth, line = pop()
         line = getattr(node, "lineno", line)
         if depth > best:
             best, best_line = depth, line
         step = len(node.values) - 1 if isinstance(node, ast.BoolOp) else 1
-        stack.extend((child, depth + max(step, 1), line) for child in ast.iter_child_nodes(node))
+        below = depth + max(step, 1)
+        for field in node._fields:  # ``ast.iter_child_nodes``, without its generator's cost
+            value = getattr(node, field, None)
+            if type(value) is list:
+                for child in value:
+                    if isinstance(child, node_type):
+                        push((child, below, line))
+            elif isinstance(value, node_type):
+                push((value, below, line))
     return best, best_line
 
 
@@ -231,11 +261,6 @@ def _with_headroom(work: Callable[[], FileResult]) -> FileResult:
     return box["value"]
 
 
-def needs_parse(text: str, rules: Iterable[type[Rule]]) -> bool:
-    """The prefilter: can any of these rules fire on a file with this text?"""
-    return any(rule.can_fire(text) for rule in rules if rule.tokens)
-
-
 def _to_finding(
     model: FileModel, rule: type[Rule], diag: Diagnostic, severity: Severity, path: str
 ) -> Finding:
@@ -284,17 +309,6 @@ def _to_edit(model: FileModel, spec: TextEditSpec) -> Edit:
     return Edit(start.line, start.column + 1, end.line, end.column + 1, spec.content)
 
 
-def _syntax_ok_fast(text: str) -> bool:
-    """CPython's own parser as a quick syntax check for files the prefilter lets skip libcst."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return False
-    return True
-
-
 def with_configured_severity(finding: Finding, options: LintOptions) -> Finding:
     """An engine-made finding (TL901/TL902) with the severity the configuration sets for its rule."""
     level = dict(options.severity).get(finding.rule)
@@ -304,56 +318,146 @@ def with_configured_severity(finding: Finding, options: LintOptions) -> Finding:
 def lint_text(text: str, path: str, options: LintOptions) -> FileResult:
     """Lint one file's decoded text, reported under ``path``. Never raises for any input text."""
     result = FileResult(path)
-    reg = registry()
-    rules = [r for r in (reg.get(i) for i in options.rule_ids) if r is not None and not r.engine_only]
-    active = [r for r in rules if not options.prefilter or needs_parse(text, [r])]
-    crossfile = [r for r in rules if r not in active and r.can_fire_in_project(text)]
-    project = Project.for_file(path) if crossfile else None
-    if project is not None:
-        # findings that rest on another file's facts need less of this file's text; most need an
-        # import of a definition with the right facts too (read with ``ast``: cheaper than libcst)
-        imported = project.imported_facts(text) if any(not r.project_callers for r in crossfile) else []
-        active += [
-            r for r in crossfile if r.project_callers or any(r.wants_fact(f.kind, f.facts) for f in imported)
-        ]
+    table = gates()
+    rules = [
+        g for g in (table.get(i.upper()) for i in options.rule_ids) if g is not None and not g.engine_only
+    ]
+    active = [g for g in rules if not options.prefilter or g.can_fire(text)]
 
     def report(finding: Finding) -> FileResult:
         if finding.rule in options.rule_ids:
             result.findings.append(with_configured_severity(finding, options))
         return result
 
+    problem = _text_problem(path, text)
+    if problem is not None:
+        return report(problem)
+    tree, nesting = _cpython_tree(text) if options.prefilter else (None, None)
+    if tree is not None and active:
+        # CPython's tree is 12x cheaper than libcst's: a rule whose names are only in comments and
+        # docstrings cannot fire, and the file is not handed to libcst for it
+        code = code_text(tree)
+        active = [g for g in active if g.in_code(code)]
+    run = _rules_to_run(text, path, active, rules)
+    if tree is not None:
+        if not run:
+            return result  # CPython parsed it: no syntax error to report, no rule to run
+        problem = _depth_problem(path, tree) if nesting is None else None
+    else:
+        problem = _nesting_problem(path, text, nesting or scan_nesting(text))
+    if problem is not None:
+        return report(problem)
+    if len(text) > ISOLATED_BYTES and bounded.available():
+        return _lint_isolated(text, path, options, run, result)
+    return _with_headroom(lambda: _lint_parsed(text, path, options, run, result))
+
+
+# Larger files are parsed by libcst in a child process allowed ``PARSE_MEMORY`` of address space beyond
+# what it starts with: their parse can take gigabytes (torch's 1.4 MB common_methods_invocations.py
+# peaks at about 780 MiB), and a failed allocation in libcst's native parser aborts the process. Smaller
+# files (most of any corpus: 99% of torch's files) never pay for the fork.
+ISOLATED_BYTES = 256 * 1024
+PARSE_MEMORY = 2 * 1024**3
+
+
+def _lint_isolated(
+    text: str, path: str, options: LintOptions, run: list[type[Rule]], result: FileResult
+) -> FileResult:
+    outcome = bounded.run_bounded(
+        lambda: _with_headroom(lambda: _lint_parsed(text, path, options, run, result, memory_errors=True)),
+        PARSE_MEMORY + _STACK_BYTES,  # the analysing thread's stack is address space too
+    )
+    if outcome.value is not None:
+        return outcome.value
+    if "TL902" in options.rule_ids:
+        reason = f"{outcome.failure}; exclude it or split it"
+        result.findings.append(with_configured_severity(unreadable(path, reason), options))
+    return result
+
+
+def _text_problem(path: str, text: str) -> Finding | None:
+    """TL902 for a text that is not Python source or would cost the parser too much."""
     if "\x00" in text:  # the same verdict for a file and for stdin
-        return report(unreadable(path, "binary content (NUL bytes): not a Python source file"))
+        return unreadable(path, "binary content (NUL bytes): not a Python source file")
     if len(text) > MAX_SOURCE_BYTES:
-        return report(unreadable(path, too_large(len(text))))
+        return unreadable(path, too_large(len(text)))
     crowded = too_crowded(text)
     if crowded is not None:
-        return report(unreadable(path, crowded))
+        return unreadable(path, crowded)
     if not text.isascii():
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as exc:  # lone surrogates: undecodable bytes smuggled in (stdin)
             line = text.count("\n", 0, exc.start) + 1
-            return report(unreadable(path, f"cannot decode: undecodable bytes on line {line}"))
-    nesting: Nesting | None = None
-    if options.prefilter and not active:
-        # CPython 3.11+ raises on any nesting; 3.10's parser can overflow the C stack, so check first.
-        if sys.version_info < (3, 11):
-            nesting = scan_nesting(text)
-        if (nesting is None or _nesting_problem(path, text, nesting) is None) and _syntax_ok_fast(text):
-            return result
-    problem = _nesting_problem(path, text, nesting or scan_nesting(text))
-    if problem is not None:
-        return report(problem)
-    return _with_headroom(lambda: _lint_parsed(text, path, options, active, result))
+            return unreadable(path, f"cannot decode: undecodable bytes on line {line}")
+    return None
+
+
+def _cpython_tree(text: str) -> tuple[ast.Module | None, Nesting | None]:
+    """CPython's tree of the text (None where CPython rejects it: libcst then says why), and on Python
+    3.10 the nesting scan that must come first (its parser can overflow the C stack; 3.11+ raises)."""
+    nesting = None
+    if sys.version_info < (3, 11):
+        nesting = scan_nesting(text)
+        if _nesting_problem("", text, nesting) is not None:
+            return None, nesting
+    return _cpython_parse(text)[0], nesting
+
+
+def _depth_problem(path: str, tree: ast.Module) -> Finding | None:
+    """TL901 when CPython's tree is nested deeper than libcst may be given (see ``scan_nesting``: the
+    tree's depth is what its bound over-approximates; CPython itself refuses over 200 brackets)."""
+    depth, line = _tree_depth(tree)
+    if depth > MAX_NESTING:
+        return _too_deep(path, line, f"{depth} levels at line {line}; trainlint analyses up to {MAX_NESTING}")
+    return None
+
+
+def _rules_to_run(text: str, path: str, active: list[Gate], rules: list[Gate]) -> list[type[Rule]]:
+    """The rule classes to run on the file: the ``active`` ones, and those whose cross-file findings
+    the project index says are possible. Loads the rule modules only when there is one."""
+    crossfile = [g for g in rules if g not in active and g.can_fire_in_project(text)]
+    project = Project.for_file(path) if crossfile else None
+    chosen = list(active)
+    if project is not None:
+        # findings that rest on another file's facts need less of this file's text; most need an
+        # import of a definition with the right facts too (read with ``ast``: cheaper than libcst)
+        imported = project.imported_facts(text) if any(not g.project_callers for g in crossfile) else []
+        reg = registry()
+        chosen += [
+            g
+            for g in crossfile
+            if g.project_callers or any(_rule(reg, g.id).wants_fact(f.kind, f.facts) for f in imported)
+        ]
+    if not chosen:
+        return []
+    reg = registry()
+    return [_rule(reg, g.id) for g in chosen]
+
+
+def _rule(reg: Registry, rule_id: str) -> type[Rule]:
+    rule = reg.get(rule_id)
+    if rule is None:  # pragma: no cover - tests/test_gates.py holds the data to the registry
+        raise LookupError(f"{rule_id}: in the prefilter data but not a rule (run python -m trainlint.gates)")
+    return rule
 
 
 def _lint_parsed(
-    text: str, path: str, options: LintOptions, active: list[type[Rule]], result: FileResult
+    text: str,
+    path: str,
+    options: LintOptions,
+    active: list[type[Rule]],
+    result: FileResult,
+    memory_errors: bool = False,
 ) -> FileResult:
+    """``memory_errors``: let a failed allocation through (a bounded child reports it as such)."""
+    import libcst as cst
+
     try:
         module = cst.parse_module(text)
     except (cst.ParserSyntaxError, cst.CSTValidationError, RecursionError, MemoryError) as exc:
+        if memory_errors and isinstance(exc, MemoryError):
+            raise
         # CSTValidationError: libcst's tokenizer accepted what its node checks reject (an identifier
         # with a character Python does not allow, found by the fuzz tests).
         if "TL901" in options.rule_ids:
@@ -365,10 +469,31 @@ def _lint_parsed(
         result.errors.append(internal_error(path, exc, "in the parser (libcst)"))
         return result
     result.parsed = True
+    return _lint_module(module, text, path, options, active, result)
+
+
+def lint_module(module: cst.Module, text: str, path: str, options: LintOptions) -> FileResult:
+    """Lint a module the caller has already parsed from ``text`` (an editor reusing unchanged
+    statements, for one). Every selected rule runs: the prefilter only decides what to parse."""
+    reg = registry()
+    rules = [r for r in (reg.get(i) for i in options.rule_ids) if r is not None and not r.engine_only]
+    result = FileResult(path)
+    result.parsed = True
+    return _with_headroom(lambda: _lint_module(module, text, path, options, rules, result))
+
+
+def _lint_module(
+    module: cst.Module,
+    text: str,
+    path: str,
+    options: LintOptions,
+    active: list[type[Rule]],
+    result: FileResult,
+) -> FileResult:
     if not active:
         return result
     try:
-        model = FileModel(module, path, text)
+        model = _file_model_class()(module, path, text)
     except RecursionError:
         result.errors.append(
             Problem(ProblemKind.UNANALYSABLE, path, "file model: nested too deeply to analyse")

@@ -90,21 +90,215 @@ def too_crowded(text: str) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=64)
-def _exclude_matchers(patterns: tuple[str, ...]) -> tuple[re.Pattern[str] | None, re.Pattern[str] | None]:
-    """The patterns compiled once: one regex for the whole relative path (``p`` or ``p/*``), one for
-    any single part (patterns without ``/``). Same semantics as ``fnmatch.fnmatch`` on each."""
-    whole: list[str] = []
-    part: list[str] = []
-    for pattern in patterns:
-        pattern = _norm(pattern.rstrip("/"))
-        whole += [fnmatch.translate(pattern), fnmatch.translate(pattern + "/*")]
-        if "/" not in pattern:
-            part.append(fnmatch.translate(pattern))
+class ExcludePatterns(tuple[str, ...]):
+    """Exclude patterns that carry their matcher, built on first use: a configuration's patterns are
+    checked against every folder and file of a run, and hashing or indexing 100,000 of them each time
+    would cost more than the walk."""
+
+    @functools.cached_property
+    def matcher(self) -> ExcludeMatcher:
+        return ExcludeMatcher(self)
+
+
+# Patterns alike enough to share one index entry are matched by one regular expression each; past
+# this many, compiling and trying it would cost seconds per run (a configuration error instead).
+MAX_ALIKE_PATTERNS = 2000
+
+
+def _literal_runs(pattern: str) -> list[str]:
+    """The fixed text of an ``fnmatch`` pattern between its wildcards (``*``, ``?``, ``[...]``, read as
+    ``fnmatch.translate`` reads them): ``["a", "b", ""]`` for ``a*b?``; one run means no wildcard."""
+    runs: list[str] = []
+    current = ""
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        i += 1
+        if c in "*?":
+            runs.append(current)
+            current = ""
+        elif c == "[":
+            j = i + (i < n and pattern[i] == "!")
+            j += j < n and pattern[j] == "]"
+            j = pattern.find("]", j)
+            if j < 0:  # no closing bracket: a plain ``[``
+                current += c
+            else:
+                runs.append(current)
+                current = ""
+                i = j + 1
+        else:
+            current += c
+    return [*runs, current]
+
+
+class _GlobIndex:
+    """Patterns matched against a whole string, as ``fnmatch.fnmatchcase`` would: literals in a set,
+    wildcard patterns filed under their longest fixed text (at the start, at the end or anywhere),
+    so that a string is compared only with the patterns whose fixed text it holds there. Patterns
+    without fixed text (``*``, ``?*``) form one group of their own."""
+
+    def __init__(self) -> None:
+        self.literals: set[str] = set()
+        # where the text must be ("start", "end", "inside"), then the text: the patterns filed there
+        self.groups: dict[str, dict[str, list[str]]] = {"start": {}, "end": {}, "inside": {}}
+        self.anywhere: list[str] = []
+        # each group's patterns as one regular expression, by (where, text), compiled when first needed
+        self._regexes: dict[tuple[str, str], Callable[[str], re.Match[str] | None]] = {}
+
+    def add(self, pattern: str) -> None:
+        runs = _literal_runs(pattern)
+        if len(runs) == 1:
+            self.literals.add(runs[0])
+            return
+        inside = max(runs[1:-1], key=len, default="")
+        where, key = max(("inside", inside), ("end", runs[-1]), ("start", runs[0]), key=lambda c: len(c[1]))
+        if key:
+            self.groups[where].setdefault(key, []).append(pattern)
+        else:
+            self.anywhere.append(pattern)
+
+    def largest_group(self) -> tuple[int, str]:
+        """The size and fixed text of the largest group of patterns matched together."""
+        sizes = [(len(g), k) for table in self.groups.values() for k, g in table.items()]
+        return max([*sizes, (len(self.anywhere), "")])
+
+    @functools.cached_property
+    def _lengths(self) -> dict[str, list[int]]:
+        return {where: sorted({len(k) for k in table}) for where, table in self.groups.items()}
+
+    def _candidates(self, text: str) -> Iterator[tuple[str, str]]:
+        """Where (and under which text) the patterns that could match ``text`` are filed."""
+        size = len(text)
+        for where, lengths in self._lengths.items():
+            table = self.groups[where]
+            for n in lengths:
+                if n > size:
+                    break
+                if where == "start":
+                    keys: Iterable[str] = (text[:n],)
+                elif where == "end":
+                    keys = (text[size - n :],)
+                else:
+                    keys = {text[i : i + n] for i in range(size - n + 1)}
+                for key in keys:
+                    if key in table:
+                        yield where, key
+        if self.anywhere:
+            yield "anywhere", ""
+
+    def match(self, text: str) -> bool:
+        if text in self.literals:
+            return True
+        return any(self._regex(place)(text) for place in self._candidates(text))
+
+    def matching(self, text: str) -> list[str]:
+        """Every pattern that matches ``text``."""
+        found = [text] if text in self.literals else []
+        for place in self._candidates(text):
+            if self._regex(place)(text):
+                found += [p for p in self._group(place) if _glob(p)(text)]
+        return found
+
+    def _group(self, place: tuple[str, str]) -> list[str]:
+        where, key = place
+        return self.anywhere if where == "anywhere" else self.groups[where][key]
+
+    def _regex(self, place: tuple[str, str]) -> Callable[[str], re.Match[str] | None]:
+        """The patterns filed at ``place`` as one regular expression, compiled when first needed: most
+        groups of a long list never are."""
+        regex = self._regexes.get(place)
+        if regex is None:
+            regex = self._regexes[place] = re.compile(
+                "|".join(map(fnmatch.translate, self._group(place)))
+            ).match
+        return regex
+
+
+@functools.lru_cache(maxsize=4096)
+def _glob(pattern: str) -> Callable[[str], re.Match[str] | None]:
+    return re.compile(fnmatch.translate(pattern)).match
+
+
+def _too_alike(*indexes: _GlobIndex) -> str | None:
+    size, text = max(index.largest_group() for index in indexes)
+    if size <= MAX_ALIKE_PATTERNS:
+        return None
+    alike = f"share no fixed text but {text!r}" if text else "have no fixed text (such as `*` or `?*`)"
     return (
-        re.compile("|".join(whole)) if whole else None,
-        re.compile("|".join(part)) if part else None,
+        f"{size:,} of the patterns {alike}: at most {MAX_ALIKE_PATTERNS:,} patterns this alike are "
+        "allowed (name the folders instead, or use one wider pattern)"
     )
+
+
+class GlobSet:
+    """Patterns matched against whole names or paths as ``fnmatch.fnmatch`` matches them, indexed:
+    which of them match costs about the text's length, however many patterns there are."""
+
+    def __init__(self, patterns: Iterable[str]) -> None:
+        self._index = _GlobIndex()
+        self._given: dict[str, list[str]] = {}  # each pattern as folded, and as given
+        for pattern in patterns:
+            folded = _norm(pattern)
+            if folded not in self._given:
+                self._index.add(folded)
+            self._given.setdefault(folded, []).append(pattern)
+
+    def matching(self, text: str) -> list[str]:
+        """The patterns, as given, that match ``text``."""
+        return [given for folded in self._index.matching(_norm(text)) for given in self._given[folded]]
+
+    def too_alike(self) -> str | None:
+        return _too_alike(self._index)
+
+
+class ExcludeMatcher:
+    """Whether a relative path is excluded: some pattern matches the path or one of the folders above
+    it (``fnmatch(rel, p)`` or ``fnmatch(rel, p + "/*")``), or a pattern without ``/`` matches one of
+    its parts. A check costs about the path's length, however many patterns there are."""
+
+    def __init__(self, patterns: Iterable[str]) -> None:
+        self._whole = _GlobIndex()  # every pattern, against the path and each folder above it
+        self._part = _GlobIndex()  # patterns without ``/``, against each part
+        self.empty = True
+        for pattern in patterns:
+            self.empty = False
+            pattern = _norm(pattern.rstrip("/"))
+            if "/" in pattern:
+                self._whole.add(pattern)
+            elif len(_literal_runs(pattern)) > 1:  # a ``*`` matches ``/`` too: ``a*b`` matches ``ax/yb``
+                self._whole.add(pattern)
+                self._part.add(pattern)
+            else:  # a name matches the whole path only where it matches its first part
+                self._part.add(pattern)
+
+    def too_alike(self) -> str | None:
+        """Why these patterns would make every check slow (over ``MAX_ALIKE_PATTERNS`` of them with
+        the same fixed text, or none), or None."""
+        return _too_alike(self._whole, self._part)
+
+    def matches(self, rel: str) -> bool:
+        """``rel``: a path relative to the root, ``/``-separated and folded by ``_norm``."""
+        end = rel.find("/")
+        while end >= 0:
+            if self._whole.match(rel[:end]):
+                return True
+            end = rel.find("/", end + 1)
+        if self._whole.match(rel):
+            return True
+        return any(self._part.match(part) for part in rel.split("/"))
+
+
+@functools.lru_cache(maxsize=64)
+def _exclude_matchers(patterns: tuple[str, ...]) -> ExcludeMatcher:
+    """Patterns given as a plain list (the LSP, tests): indexed once per distinct list."""
+    return ExcludeMatcher(patterns)
+
+
+def exclude_matcher(patterns: Iterable[str]) -> ExcludeMatcher:
+    if isinstance(patterns, ExcludePatterns):
+        return patterns.matcher
+    return _exclude_matchers(tuple(patterns))
 
 
 def _norm(path: str) -> str:
@@ -121,15 +315,19 @@ def _realpath_of(anchor: str) -> str:
 
 
 def is_excluded(
-    path: str | Path, patterns: Iterable[str], root: Path, base: Path | None = None, real: str | None = None
+    path: str | Path,
+    patterns: Iterable[str] | ExcludeMatcher,
+    root: Path,
+    base: Path | None = None,
+    real: str | None = None,
 ) -> bool:
     """A path is excluded when a pattern matches its path relative to ``root`` or any one part.
 
     A path outside ``root`` is matched relative to ``base`` (the folder given on the command line), so
     that folders above it (``/home/me/build/proj``, ``.../site-packages/pkg``) exclude nothing.
     """
-    whole, part = _exclude_matchers(tuple(patterns))
-    if whole is None:
+    matcher = patterns if isinstance(patterns, ExcludeMatcher) else exclude_matcher(patterns)
+    if matcher.empty:
         return False
     if real is None:  # the caller may know it already (``discover`` resolves each folder once)
         real = os.path.realpath(path)  # unlike Path.resolve on Python < 3.13, never raises on a loop
@@ -146,10 +344,7 @@ def is_excluded(
             break
     if rel is None:
         rel = Path(path).as_posix()
-    rel = _norm(rel)
-    if whole.match(rel):
-        return True
-    return part is not None and any(part.match(p) for p in rel.split("/"))
+    return matcher.matches(_norm(rel))
 
 
 def discover(
@@ -169,7 +364,7 @@ def discover(
     are not walked twice. Folders and files the excludes skip are appended to ``excluded``.
     """
     skipped = excluded if excluded is not None else []
-    excludes = tuple(excludes)
+    matcher = exclude_matcher(excludes)
     seen: set[Path] = set()
     for given, roots in _given_paths(paths, errors):
         kind = _kind(given)
@@ -207,7 +402,7 @@ def discover(
             kept = []
             for d in dirnames:
                 sub = os.path.join(dirpath, d)
-                if is_excluded(sub, excludes, root, given, _real(real, dirpath, d)):
+                if is_excluded(sub, matcher, root, given, _real(real, dirpath, d)):
                     skipped.append(sub)
                 else:
                     kept.append(d)
@@ -220,7 +415,7 @@ def discover(
                 if kind == "loop":
                     errors.append(f"{Path(candidate)}: the symbolic link loops; skipped")
                 elif kind not in ("special", "missing"):
-                    if is_excluded(candidate, excludes, root, given, _real(real, dirpath, filename)):
+                    if is_excluded(candidate, matcher, root, given, _real(real, dirpath, filename)):
                         skipped.append(candidate)
                     else:
                         found.append(candidate)

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 
 from trainlint.results import FileResult, LintOptions
-from trainlint.rule import Finding, Related
+from trainlint.rule import Finding, Fix, Related
 
 SUFFIX = ".ipynb"
 # Outputs (plots, tables) make notebooks large; only the code is parsed, and it is held to the limit
@@ -31,12 +31,18 @@ class NotANotebook(ValueError):
 class Notebook:
     code: str  # the code cells, joined by line breaks
     starts: tuple[int, ...]  # line of ``code`` where each code cell begins (1-based)
+    ipython: frozenset[int] = frozenset()  # lines of ``code`` blanked because they were IPython syntax
 
     def cell_lines(self, cell: int) -> list[str]:
         """The lines of code cell ``cell`` (1-based), as linted."""
         lines = self.code.split("\n")
         end = self.starts[cell] - 1 if cell < len(self.starts) else len(lines)
         return lines[self.starts[cell - 1] - 1 : end]
+
+    def size(self, cell: int) -> int:
+        """How many lines of ``code`` code cell ``cell`` has."""
+        end = self.starts[cell] if cell < len(self.starts) else self.code.count("\n") + 1
+        return end - self.starts[cell - 1]
 
     def locate(self, line: int) -> tuple[int, int]:
         """(cell, line in that cell) of a line of ``code``."""
@@ -57,11 +63,13 @@ def _cell_source(cell: object) -> str | None:
     return source
 
 
-def _python_only(source: str) -> str:
+def _python_only(source: str) -> tuple[str, list[int]]:
+    """The cell's Python, and the indexes of the lines blanked because they are IPython's syntax."""
     lines = source.replace("\r\n", "\n").split("\n")
     if lines and lines[0].lstrip().startswith("%%"):  # a cell magic: the whole cell is another language
-        return "\n" * (len(lines) - 1)
-    return "\n".join("" if _IPYTHON_LINE.match(line) else line for line in lines)
+        return "\n" * (len(lines) - 1), list(range(len(lines)))
+    blanked = [k for k, line in enumerate(lines) if _IPYTHON_LINE.match(line)]
+    return "\n".join("" if _IPYTHON_LINE.match(line) else line for line in lines), blanked
 
 
 def read_notebook(text: str) -> Notebook:
@@ -75,21 +83,44 @@ def read_notebook(text: str) -> Notebook:
         raise NotANotebook("not a notebook: no list of cells")
     parts: list[str] = []
     starts: list[int] = []
+    ipython: set[int] = set()
     line = 1
     for cell in cells:
         source = _cell_source(cell)
         if source is None:
             continue
-        code = _python_only(source).rstrip("\n")
+        code, blanked = _python_only(source)
+        code = code.rstrip("\n")
         starts.append(line)
         parts.append(code)
+        ipython.update(line + k for k in blanked)
         line += code.count("\n") + 1
-    return Notebook("\n".join(parts) + "\n" if parts else "", tuple(starts))
+    return Notebook("\n".join(parts) + "\n" if parts else "", tuple(starts), frozenset(ipython))
+
+
+def _cell_fix(fix: Fix | None, notebook: Notebook, cell: int) -> Fix | None:
+    """The fix with its lines counted within ``cell``, as the finding's; None when an edit leaves the
+    cell or touches a blanked IPython line (``fix_notebook`` applies the edits to the cell's source).
+    An edit may end at the start of the line after the cell (whole lines deleted)."""
+    if fix is None:
+        return None
+    first, size = notebook.starts[cell - 1], notebook.size(cell)
+    edits = []
+    for edit in fix.edits:
+        past = edit.end_line == first + size and edit.end_column == 1
+        if not first <= edit.line <= edit.end_line < first + size + past:
+            return None
+        if any(line in notebook.ipython for line in range(edit.line, min(edit.end_line + 1, first + size))):
+            return None
+        edits.append(
+            dataclasses.replace(edit, line=edit.line - first + 1, end_line=edit.end_line - first + 1)
+        )
+    return dataclasses.replace(fix, edits=tuple(edits))
 
 
 def to_cells(finding: Finding, notebook: Notebook) -> Finding:
-    """The finding with its lines counted within its cell, and ``cell`` set. Fixes are dropped: their
-    edits address the joined code, which is not what is on disk."""
+    """The finding with its lines counted within its cell, and ``cell`` set; so are its fix's edits
+    (dropped when they would leave the cell)."""
     cell, line = notebook.locate(finding.line)
     end_cell, end_line = notebook.locate(finding.end_line)
     if end_cell != cell:  # a range running past its cell ends with it
@@ -103,7 +134,7 @@ def to_cells(finding: Finding, notebook: Notebook) -> Finding:
         end_line=end_line,
         end_column=end_column,
         related=related,
-        fix=None,
+        fix=_cell_fix(finding.fix, notebook, cell),
         cell=cell,
     )
 

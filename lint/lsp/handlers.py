@@ -143,6 +143,8 @@ def _did_close(ls: TrainlintServer, params: lsp.DidCloseTextDocumentParams) -> N
     if timer is not None:
         timer.cancel()
     ls.states.pop(uri, None)
+    path = ls.path_of(uri)
+    ls.linter.documents.forget(str(path) if path is not None else uri)  # its syntax tree
     ls.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(uri=uri, diagnostics=[]))
 
 

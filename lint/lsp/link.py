@@ -20,9 +20,9 @@ from trainlint.config import (
     load_config,
     select_rules,
 )
-from trainlint.engine import lint_text
 from trainlint.files import is_excluded
 from trainlint.fix import FixOutcome, fix_text
+from trainlint.incremental import Documents
 from trainlint.report import describe_verify, rule_url
 from trainlint.results import LintOptions
 from trainlint.rule import Finding, registry
@@ -76,6 +76,8 @@ class Linter:
         self._config_of_folder: dict[Path, Path | None] = {}
         self._settings: dict[Path | None, tuple[float, Settings]] = {}
         self._results: OrderedDict[tuple[str, LintOptions, str], list[Finding]] = OrderedDict()
+        # the last parse of each document: an edit re-parses only the statements it touched
+        self.documents = Documents()
 
     def forget_configs(self) -> None:
         """A configuration file was saved or created: look them up again."""
@@ -114,7 +116,7 @@ class Linter:
         key = (shown, options, hashlib.blake2b(text.encode("utf-8", "surrogatepass")).hexdigest())
         found = self._results.get(key)
         if found is None:
-            found = lint_text(text, shown, options).findings
+            found = self.documents.lint(shown, text, options).findings
             self._results[key] = found
             while len(self._results) > _KEPT_RESULTS:
                 self._results.popitem(last=False)

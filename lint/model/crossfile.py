@@ -10,6 +10,7 @@ other file come back as ``Elsewhere``, ready to become a finding's related locat
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import libcst as cst
 
 from trainlint.model.filemodel import FileModel, Scope, Site
 from trainlint.model.project import Fact
-from trainlint.model.syntax import dotted, positional
+from trainlint.model.syntax import dotted, positional, walk
 from trainlint.model.vocab import BATCHNORM_CLASSES, DROPOUT_CALLS
 
 
@@ -76,14 +77,102 @@ def own_method(model: FileModel, func: cst.BaseExpression, scope: Scope) -> Fact
 
 def constructed_class(model: FileModel, expr: cst.BaseExpression, scope: Scope) -> Fact | None:
     """The class, defined in another project file, whose instance ``expr`` holds: ``Block(...)``
-    itself, a name or ``self.attr`` assigned ``Block(...)``."""
+    itself, a name or ``self.attr`` assigned ``Block(...)``, or ``Block.from_pretrained(...)`` when that
+    classmethod (of the class or of a base in its file) returns ``cls(...)``."""
     values = [expr] if isinstance(expr, cst.Call) else model.values_of(expr, scope)
     for value in values:
-        if isinstance(value, cst.Call):
-            fact = imported_fact(model, value.func, scope)
-            if fact is not None and fact.kind == "class":
-                return fact
+        if not isinstance(value, cst.Call):
+            continue
+        fact = imported_fact(model, value.func, scope)
+        if fact is not None and fact.kind == "class":
+            return fact
+        func = value.func
+        if isinstance(func, cst.Attribute):
+            owner = imported_fact(model, func.value, scope)
+            if owner is not None and owner.kind == "class" and _makes_cls(model, owner, func.attr.value):
+                return owner
     return None
+
+
+def _makes_cls(model: FileModel, fact: Fact, method: str) -> bool:
+    """Whether ``Class.method`` (found on the class or a base class defined in the same file) returns
+    ``cls(...)``: an alternative constructor."""
+    assert model.project is not None
+    summary = model.project.index.summary(Path(fact.path))
+    classes = [fact.name]
+    while classes and summary is not None and len(classes) < 8:
+        name = classes.pop(0)
+        facts = summary["functions"].get(f"{name}.{method}")
+        if facts is not None:
+            return bool(facts.get("returns_cls"))
+        classes += [b for b in summary["classes"].get(name, {}).get("bases", ()) if b in summary["classes"]]
+    return False
+
+
+# the base classes that make a project's own class an optimizer; the name test spares a lookup per call
+_OPTIMIZER_BASES = frozenset({"torch.optim.Optimizer", "torch.optim.optimizer.Optimizer"})
+_OPTIMIZER_WORDS = re.compile(r"adam|optim|sgd|lamb|lion|adafactor|rmsprop|adagrad|lars", re.IGNORECASE)
+
+
+def project_optimizer_class(model: FileModel, qualname: str | None) -> bool:
+    """A class of another project file that subclasses ``torch.optim.Optimizer`` (BERT's ``BertAdam``)."""
+    if not qualname or not _OPTIMIZER_WORDS.search(qualname.rsplit(".", 1)[-1]):
+        return False
+    fact = model.elsewhere(qualname)
+    if fact is None or fact.kind != "class":
+        return False
+    return any(_resolved(model, fact, base) in _OPTIMIZER_BASES for base in fact.facts["bases"])
+
+
+def converted_when_built(model: FileModel, fact: Fact) -> Elsewhere | None:
+    """Where building an instance of the class converts (part of) it to 16-bit: its ``__init__``
+    converts ``self``/``self.x`` itself, or hands ``self.x`` to a project function that converts that
+    argument (CLIP's ``convert_weights(self.clip)``)."""
+    assert model.project is not None
+    summary = model.project.index.summary(Path(fact.path))
+    init = summary["functions"].get(f"{fact.name}.__init__") if summary is not None else None
+    if init is None:
+        return None
+    if "self" in init["half"]:
+        line, column = init["half"]["self"]
+        return _at(fact, line, column, f"`{fact.name}.__init__` converts the module to 16-bit here")
+    for call in init["calls"]:
+        target = model.project.resolve_in(fact, call["callee"])
+        helper = model.project.lookup(target, importer=Path(fact.path)) if target else None
+        if helper is None or helper.kind != "function" or not helper.facts["half"]:
+            continue
+        names = [p[0] for p in helper.facts["params"]]
+        passed = {**dict(zip(names, call["args"], strict=False)), **call["keywords"]}
+        for param in helper.facts["half"]:
+            if (passed.get(param) or "").startswith("self."):
+                what = f"`{call['callee']}({passed[param]})` in `{fact.name}.__init__` converts it to 16-bit"
+                return _at(fact, call["at"][0], call["at"][1], what)
+    return None
+
+
+def classes_built_by_name(model: FileModel) -> list[Fact]:
+    """Classes of other project files that the file may build from a name looked up at run time. A
+    model builder that turns a config's layer names into classes with ``globals()[name]`` can build
+    any class it names, so every project class the builder function mentions is a candidate for a
+    layer it made (YOLO's ``parse_model``)."""
+    out: list[Fact] = []
+    seen: set[str] = set()
+    for site in model.calls:
+        call = site.node
+        if not isinstance(call, cst.Call) or call.args or not isinstance(site.parent, cst.Subscript):
+            continue
+        if not (isinstance(call.func, cst.Name) and call.func.value == "globals"):
+            continue
+        attributes: set[int] = set()  # the ``Conv`` of ``nn.Conv`` is not the name ``Conv``
+        for node in walk(site.scope.node):
+            if isinstance(node, cst.Attribute):
+                attributes.add(id(node.attr))
+            elif isinstance(node, cst.Name) and node.value not in seen and id(node) not in attributes:
+                seen.add(node.value)
+                fact = model.elsewhere(model.qualname(node, site.scope))
+                if fact is not None and fact.kind == "class":
+                    out.append(fact)
+    return out
 
 
 def _resolved(model: FileModel, fact: Fact, name: str) -> str:

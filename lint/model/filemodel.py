@@ -11,7 +11,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import functools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -27,6 +27,12 @@ if TYPE_CHECKING:
     from trainlint.model.training import Training
 
 BUILTIN_NAMES = frozenset(dir(builtins))
+
+Span = tuple[tuple[int, int], tuple[int, int]]
+# Positions already known for a module, by its id (the module itself kept to check identity): an
+# editor that re-parsed only the statements an edit touched shifts the others' (trainlint.incremental)
+# instead of generating the code of the whole module again.
+PRECOMPUTED: dict[int, tuple[cst.Module, Mapping[cst.CSTNode, Span]]] = {}
 
 
 @dataclass(frozen=True, eq=False)
@@ -401,7 +407,7 @@ class FileModel:
         self.binops: list[Site] = []
         self.assigns: list[Site] = []
         self.augassigns: list[Site] = []
-        self._positions: dict[cst.CSTNode, tuple[tuple[int, int], tuple[int, int]]] | None = None
+        self._positions: Mapping[cst.CSTNode, Span] | None = None
         self._callee: dict[int, str | None] = {}
         # the rest of the project, when the file is part of one on disk (set by the engine)
         self.project: Project | None = None
@@ -415,9 +421,13 @@ class FileModel:
     def position(self, node: cst.CSTNode) -> CodeRange:
         """Start/end of a node (lines 1-based, columns 0-based), computed on first use only."""
         if self._positions is None:
-            state = _PositionState(self.module.default_indent, self.module.default_newline)
-            self.module._codegen(state)
-            self._positions = state.computed
+            known = PRECOMPUTED.get(id(self.module))
+            if known is not None and known[0] is self.module:
+                self._positions = known[1]
+            else:
+                state = _PositionState(self.module.default_indent, self.module.default_newline)
+                self.module._codegen(state)
+                self._positions = state.computed
         (start_line, start_column), (end_line, end_column) = self._positions[node]
         return CodeRange(CodePosition(start_line, start_column), CodePosition(end_line, end_column))
 

@@ -21,17 +21,44 @@ def innermost_loop(site: Site, *, orelse: bool = False) -> Frame | None:
     return None
 
 
+# Methods a training framework calls once per batch: their body is the body of a loop the file does not
+# show (Lightning's ``training_step(self, batch, batch_idx)`` under manual optimization).
+FRAMEWORK_STEP_METHODS = frozenset({"training_step"})
+
+
+def iteration_frame(site: Site) -> Frame | None:
+    """The loop that repeats ``site``: its innermost loop, or, outside any loop, the body of a framework
+    step method (a frame whose node is the method), which the framework runs once per batch."""
+    loop = innermost_loop(site)
+    if loop is not None:
+        return loop
+    scope = site.scope
+    node = scope.node
+    if (
+        scope.kind == "function"
+        and scope.parent is not None
+        and scope.parent.kind == "class"
+        and isinstance(node, cst.FunctionDef)
+        and node.name.value in FRAMEWORK_STEP_METHODS
+        and len(node.params.params) >= 3  # self, batch, batch_idx
+    ):
+        return Frame("loop", node, "body")
+    return None
+
+
 def frames_inside(site: Site, loop: Frame) -> tuple[Frame, ...]:
     """The site's frames nested inside ``loop`` (empty when the site sits directly in its body)."""
     for index, frame in enumerate(site.frames):
         if frame is loop or (frame.node is loop.node and frame.branch == loop.branch):
             return site.frames[index + 1 :]
-    return ()
+    return site.frames if loop.node is site.scope.node else ()
 
 
 def in_loop(site: Site, loop: Frame) -> bool:
-    """The site sits in ``loop``'s branch (at any depth)."""
-    return any(f.node is loop.node and f.branch == loop.branch for f in site.frames)
+    """The site sits in ``loop``'s branch (at any depth); a method's frame holds its own sites."""
+    return loop.node is site.scope.node or any(
+        f.node is loop.node and f.branch == loop.branch for f in site.frames
+    )
 
 
 def share_loop(a: Site, b: Site) -> bool:

@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ _SKIP_DIRS = frozenset(
 )
 _IMPORT_HEAD = re.compile(r"^[ \t]*(?:from[ \t]+(\.+|\w+)|import[ \t]+(\w+))", re.MULTILINE)
 _MAX_FILES = 5000  # a walk that finds more stops there: an index is a help, never a hang
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 def find_root(path: str | os.PathLike[str]) -> Path | None:
@@ -65,6 +67,81 @@ class ProjectIndex:
         self._by_stat: dict[str, tuple[tuple[int, int], str]] = {}
         self._listings: dict[str, tuple[int, frozenset[str]]] = {}
         self._facts_digests: dict[str, str] = {}
+        # module name resolutions, kept while one file is linted (``forget_paths``): files come and
+        # go between the files of an editor session, never within one file's lint
+        self._modules: dict[tuple[str, str], Path | None] = {}
+        self._real_root = os.path.realpath(root)
+        self._real_folders: dict[str, str] = {}
+        self._stamps: dict[str, list[Any]] | None = None  # the manifest: path -> [mtime, size, facts]
+        self._unsaved: list[str] = []
+        self._session: tuple[str, float] = ("", 0.0)
+
+    def forget_paths(self, path: str) -> None:
+        """Start a new file's lint: resolutions are kept only for the same file within a second (its
+        cache key, then its lint), never across files of a long session."""
+        now = time.monotonic()
+        if self._session[0] != path or now - self._session[1] > 1.0:
+            self._modules.clear()
+            self._real_folders.clear()
+            self._session = (path, now)
+
+    # -- the manifest: each file's facts digest by its modification time and size ----------------------
+    # One journal per project in the store, read once per process: a warm run that names one file
+    # digests its imports' facts from stat calls, reading no other file. Lines are appended (a line
+    # that two writers garble is skipped on reading, which only costs speed) and the journal is
+    # rewritten when it holds more stale lines than live ones.
+    def _manifest(self) -> dict[str, list[Any]]:
+        if self._stamps is not None:
+            return self._stamps
+        self._stamps, lines = {}, 0
+        path = self._manifest_path()
+        try:
+            text = path.read_text(encoding="utf-8") if path is not None else ""
+        except (OSError, UnicodeDecodeError):
+            text = ""
+        for line in text.splitlines():
+            lines += 1
+            try:
+                name, mtime, size, facts = json.loads(line)
+            except (ValueError, TypeError):
+                continue
+            self._stamps[name] = [mtime, size, facts]
+        if path is not None and lines > 2 * len(self._stamps) + 1000:
+            self._rewrite_manifest(path)
+        return self._stamps
+
+    def _manifest_path(self) -> Path | None:
+        if self.store is None:
+            return None
+        return self.store / f"manifest-{hashlib.sha256(str(self.root).encode()).hexdigest()[:16]}.jsonl"
+
+    def _rewrite_manifest(self, path: Path) -> None:
+        assert self._stamps is not None
+        body = "".join(json.dumps([name, *entry]) + "\n" for name, entry in self._stamps.items())
+        try:
+            temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            temporary.write_text(body, encoding="utf-8")
+            os.replace(temporary, path)
+        except OSError:
+            pass
+
+    def save_manifest(self) -> None:
+        """Append the digests computed since the last save to the project's journal."""
+        path = self._manifest_path()
+        if path is None or not self._unsaved:
+            return
+        body, self._unsaved = "".join(self._unsaved).encode("utf-8", "surrogatepass"), []
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW, 0o600)
+        except OSError:
+            return
+        try:
+            os.write(descriptor, body)
+        except OSError:
+            pass
+        finally:
+            os.close(descriptor)
 
     def summary(self, path: Path) -> Summary | None:
         try:
@@ -84,14 +161,27 @@ class ProjectIndex:
         return summary
 
     def facts_digest(self, path: Path) -> str:
-        """The digest of a file's summary (memoised with it): what a dependent's cache key holds."""
+        """The digest of a file's summary: what a dependent's cache key holds. Taken from the manifest
+        while the file's modification time and size are those it was digested at."""
+        try:
+            stat = path.stat()
+        except OSError:
+            return _digest(None)
+        stamp = [stat.st_mtime_ns, stat.st_size]
+        known = self._manifest().get(str(path))
+        if known is not None and known[:2] == stamp and isinstance(known[2], str):
+            return known[2]
         summary = self.summary(path)
         seen = self._by_stat.get(str(path))
         if seen is None:
             return _digest(summary)
         if seen[1] not in self._facts_digests:
             self._facts_digests[seen[1]] = _digest(summary)
-        return self._facts_digests[seen[1]]
+        digest = self._facts_digests[seen[1]]
+        if list(seen[0]) == stamp:  # (not when the file changed between the two stat calls)
+            self._manifest()[str(path)] = [*stamp, digest]
+            self._unsaved.append(json.dumps([str(path), *stamp, digest]) + "\n")
+        return digest
 
     @staticmethod
     def _digest(text: str) -> str:
@@ -134,54 +224,103 @@ class ProjectIndex:
 
     def module_file(self, module: str, importer: Path) -> Path | None:
         """The project file a dotted (or leading-dot relative) module name refers to."""
+        question = (module, str(importer.parent))
+        if question not in self._modules:
+            self._modules[question] = self._module_file(module, importer)
+        return self._modules[question]
+
+    def _module_file(self, module: str, importer: Path) -> Path | None:
+        # (plain strings: pathlib's object per step costs more than the stat calls on a warm run)
+        folder = os.path.dirname(str(importer)) or "."
         if module.startswith("."):
             level = len(module) - len(module.lstrip("."))
-            base = importer.parent
             for _ in range(level - 1):
-                base = base.parent
-            bases = [base]
+                folder = os.path.dirname(folder) or "."
+            bases = [folder]
             module = module.lstrip(".")
         else:
-            bases = [self.root, self.root / "src", importer.parent]
+            root = str(self.root)
+            bases = [root, os.path.join(root, "src"), folder]
         parts = [p for p in module.split(".") if p]
         for base in bases:
-            if parts and not self._may_hold(base, parts[0]):
+            if not parts:
+                init = os.path.join(base, "__init__.py")
+                if os.path.isfile(init):
+                    return Path(init)
+                continue
+            if not self._may_hold(base, parts[0]):
                 continue  # most imports are of other packages: one listing answers them
-            candidate = base.joinpath(*parts) if parts else base
-            for option in (candidate.with_suffix(".py"), candidate / "__init__.py"):
-                if parts and option.is_file() and self._inside(option):
-                    return option
-            if not parts and (candidate / "__init__.py").is_file():
-                return candidate / "__init__.py"
+            candidate = os.path.join(base, *parts)
+            for option in (candidate + ".py", os.path.join(candidate, "__init__.py")):
+                if os.path.isfile(option) and self._inside(option):
+                    return Path(option)
         return None
 
-    def _may_hold(self, folder: Path, head: str) -> bool:
+    def imported_file(self, target: str, importer: Path) -> Path | None:
+        """The project file an import target comes from: the module ``a.b.c`` itself, or for a name
+        imported from a module (``from a.b import c``), that module; a name imported from a plain
+        module (not a package) is never a submodule, which spares the lookup."""
+        bare = target.lstrip(".")
+        dots = target[: len(target) - len(bare)]
+        parent = dots + bare.rsplit(".", 1)[0] if "." in bare else dots
+        owner = self.module_file(parent, importer) if parent and parent != target else None
+        if owner is not None and owner.name != "__init__.py":
+            return owner
+        return self.module_file(target, importer) or owner
+
+    def _may_hold(self, folder: str | Path, head: str) -> bool:
         """Whether ``folder`` has an entry ``head`` or ``head.py`` (its listing, memoised while the
         folder's modification time stays the same)."""
+        key = str(folder)
+        known = self._listings.get(key)
+        if known is not None and key in self._real_folders:
+            return head in known[1] or f"{head}.py" in known[1]  # checked already for this file
         try:
-            stamp = folder.stat().st_mtime_ns
+            stamp = os.stat(key).st_mtime_ns
         except OSError:
             return False
-        known = self._listings.get(str(folder))
+        self._real_folders.setdefault(key, os.path.realpath(key))
         if known is None or known[0] != stamp:
             try:
-                names = frozenset(os.listdir(folder))
+                names = frozenset(os.listdir(key))
             except OSError:
                 names = frozenset()
-            known = self._listings[str(folder)] = (stamp, names)
+            known = self._listings[key] = (stamp, names)
         return head in known[1] or f"{head}.py" in known[1]
 
-    def _inside(self, path: Path) -> bool:
-        try:
-            path.resolve().relative_to(self.root.resolve())
-        except ValueError:
-            return False
-        return True
+    def _inside(self, path: str) -> bool:
+        folder = os.path.dirname(path)
+        if folder not in self._real_folders:
+            self._real_folders[folder] = os.path.realpath(folder)
+        real = self._real_folders[folder]
+        if os.path.islink(path):  # a link may lead out of the project
+            real = os.path.realpath(path)
+        return real == self._real_root or real.startswith(self._real_root.rstrip(os.sep) + os.sep)
+
+
+_STORED: dict[str, ProjectIndex] = {}  # root -> the latest index with a store (the result cache's)
 
 
 @functools.lru_cache(maxsize=16)
-def index_for(root: str, store: str | None = None) -> ProjectIndex:
+def _index(root: str, store: str | None) -> ProjectIndex:
     return ProjectIndex(Path(root), Path(store) if store else None)
+
+
+def index_for(root: str, store: str | None = None) -> ProjectIndex:
+    """The index of a project root. Asked without a store (the engine), the one the result cache
+    opened for that root in this process, if any: its summaries are on disk already."""
+    if store is None and root in _STORED:
+        return _STORED[root]
+    index = _index(root, store)
+    if store is not None:
+        _STORED[root] = index
+    return index
+
+
+def forget_indexes() -> None:
+    """Drop every index of this process (what a new process starts from)."""
+    _index.cache_clear()
+    _STORED.clear()
 
 
 @dataclass
@@ -203,6 +342,7 @@ class Project:
         if root is None:
             return None
         index = index_for(str(root), str(store) if store else None)
+        index.forget_paths(path)
         own = index.summary_of(text) if text is not None else None
         return cls(Path(os.path.abspath(path)), index, own)
 
@@ -319,7 +459,7 @@ class Project:
             else target[: len(target) - len(target.lstrip("."))]
         )
         file = self.index.module_file(module, importer) if module else None
-        return file.resolve() if file is not None else None
+        return Path(os.path.realpath(file)) if file is not None else None
 
 
 def _digest(answer: object) -> str:
@@ -335,22 +475,24 @@ def dependency_key(path: str, text: str, store: Path | None = None) -> str:
     if project is None or project.own is None:
         return ""
     parts: list[str] = []
-    seen = {project.path.resolve()}
+    seen = {str(project.path)}
     queue = [(project.path, project.own)]
     while queue:
         importer, summary = queue.pop(0)
         for target in sorted(summary["imports"].values()):
-            file = project.index.module_file(target, importer) or project._target_file(target, importer)
-            if file is None or file.resolve() in seen:
+            file = project.index.imported_file(target, importer)
+            if file is None or str(file) in seen:
                 continue
-            seen.add(file.resolve())
-            facts = project.index.summary(file)
+            seen.add(str(file))
             parts.append(f"{file}={project.index.facts_digest(file)}")
-            if facts is not None and file.name == "__init__.py" and len(seen) < 64:
-                queue.append((file, facts))  # a package re-exports: the facts are one import further
+            if file.name == "__init__.py" and len(seen) < 64:
+                facts = project.index.summary(file)
+                if facts is not None:
+                    queue.append((file, facts))  # a package re-exports: the facts are one import further
     for name, facts in sorted(project.own["functions"].items()):
         if "." not in name and any(receives_scaler(p) for p in facts["params"]):
             parts.append(f"callers:{name}={_digest(project.callers(project.path, name))}")
+    project.index.save_manifest()
     return _digest(parts) if parts else ""
 
 

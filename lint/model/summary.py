@@ -12,9 +12,11 @@ locations in other files.
   the returned name: a factory's product), ``calls`` (project-visible calls with argument names and
   whether a scaled backward/an unscale precede them in the function), ``returns_half`` (a local module
   converted to 16-bit and returned: its tuple position, the tuple's length, where, the parameter of an
-  ``if`` guarding the conversion);
-- ``classes``: bases, ``batchnorm``/``dropout`` submodules (``self.x = ...``, ``add_module``) and the
-  effects its ``forward`` has (global or registry writes, collectives).
+  ``if`` guarding the conversion), ``returns_cls`` (a classmethod returns ``cls(...)``, maybe after
+  passing it through ``cls.method``: an alternative constructor);
+- ``classes``: bases, ``batchnorm``/``dropout`` submodules (``self.x = ...``, ``add_module``), the
+  effects its ``forward`` has (global or registry writes, collectives), and ``init_may_convert``
+  (``__init__`` converts ``self`` or passes a submodule to an imported function).
 """
 
 from __future__ import annotations
@@ -107,6 +109,7 @@ class _Function:
         self.converted: dict[str, list[Any]] = {}
         self.guards = _guards(node, self.names)
         self.siblings: dict[str, list[str]] = {}  # the names one tuple assignment binds together
+        self.made_by_cls: set[str] = set()  # names assigned ``cls(...)`` (an alternative constructor)
 
     def body_nodes(self) -> list[ast.AST]:
         """The function's own nodes in source order, not those of nested defs and classes."""
@@ -133,6 +136,8 @@ class _Function:
                 for target in node.targets:
                     if isinstance(target, ast.Name) and callee:
                         assigned[target.id] = callee
+                        if callee == "cls":
+                            self.made_by_cls.add(target.id)
                     elif isinstance(target, ast.Tuple):
                         names = [e.id for e in target.elts if isinstance(e, ast.Name)]
                         for name in names:
@@ -204,6 +209,12 @@ class _Function:
                 half = self.facts.setdefault("returns_half", [])
                 half.append([position, len(elements), *self.converted[element.id]])
         name = _dotted(value)
+        # ``model = cls(...)``, maybe post-processed (``model = cls.init_weights(model)``), returned
+        made = [name] if name else []
+        if isinstance(value, ast.Call) and (_dotted(value.func) or "").split(".")[0] == "cls":
+            made = ["cls"] if _dotted(value.func) == "cls" else [_dotted(a) or "" for a in value.args[:1]]
+        if any(m == "cls" or m in self.made_by_cls for m in made):
+            self.facts["returns_cls"] = True
         # ``loss, parts = criterion(...)``: the parts come out of the same graph as the loss
         for other in [name, *self.siblings.get(name or "", ())]:
             if other is not None and other in backward_of:
@@ -323,7 +334,19 @@ def summarize(text: str) -> Summary | None:
             for item in node.body:
                 if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
                     functions[f"{node.name}.{item.name}"] = _function(item, module_defs)
-    return {"imports": _imports(tree), "functions": functions, "classes": classes}
+    imports = _imports(tree)
+    for name, facts in classes.items():
+        init = functions.get(f"{name}.__init__")
+        # the constructor converts the module itself or hands a submodule to an imported helper (which
+        # may convert it: the index decides): instances may hold 16-bit parameters
+        facts["init_may_convert"] = init is not None and (
+            "self" in init["half"]
+            or any(
+                c["callee"] in imports and any((a or "").startswith("self.") for a in c["args"])
+                for c in init["calls"]
+            )
+        )
+    return {"imports": imports, "functions": functions, "classes": classes}
 
 
 def _function(

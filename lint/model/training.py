@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from trainlint.model.crossfile import returned_callee
+from trainlint.model.crossfile import project_optimizer_class, returned_callee
 from trainlint.model.filemodel import FileModel, Frame, Scope, Site
 from trainlint.model.syntax import attr_name, dotted, first_arg, receiver, walk
 from trainlint.model.vocab import (
@@ -243,7 +243,7 @@ class Training:
         """The innermost ``if`` frame around ``site`` that is an accumulation condition, looking only
         inside ``loop`` when it is given (frames outside that loop do not count)."""
         frames = list(site.frames)
-        if loop is not None:
+        if loop is not None and loop is not site.scope.node:  # (a framework step method: all frames)
             index = next((i for i, f in enumerate(frames) if f.node is loop), None)
             if index is None:
                 return None
@@ -265,7 +265,7 @@ class Training:
             return Event(EventKind.CLIP, site)
         if callee in CHECKPOINT_FUNCTIONS:
             return Event(EventKind.CHECKPOINT, site)
-        if is_optimizer_class(callee):
+        if is_optimizer_class(callee) or project_optimizer_class(model, callee):
             return Event(EventKind.OPTIMIZER, site)
         if recv is None or name is None:
             return None

@@ -94,7 +94,7 @@ def _result(f: Finding, rule_index: int) -> dict[str, Any]:
     }
     if f.related:
         result["relatedLocations"] = [_related(i, r) for i, r in enumerate(f.related)]
-    if f.fix is not None:
+    if f.fix is not None and f.cell is None:  # a notebook's edits count lines within a cell, not the file
         result["fixes"] = [_fix(f.path, f.fix)]
     properties: dict[str, Any] = {}
     if f.verify is not None:  # the --verify verdict, as trainlint's JSON carries it

@@ -126,13 +126,13 @@ class Monitor:
         setattr(owner, name, wrapper)
 
     def install(self) -> None:
-        from trainlint.run import accumulation, amp, checkpoint, distributed, memory, timing
+        from trainlint.run import accumulation, amp, checkpoint, distributed, hf, memory, sharding, timing
 
         if self.installed:
             return
         self.installed = True
         self._install_core()
-        for check in (amp, accumulation, checkpoint, memory, distributed, timing):
+        for check in (amp, accumulation, checkpoint, memory, distributed, sharding, hf, timing):
             check.install(self)
 
     def uninstall(self) -> None:

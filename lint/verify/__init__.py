@@ -32,9 +32,12 @@ def verify_findings(
     timeout: float = 60.0,
 ) -> list[Finding]:
     """The findings in the same order, with a ``verify`` dict on those whose rule has a probe."""
+    from trainlint.notebook_fix import back_in_cells, for_verify
     from trainlint.verify.harness import verify_all
 
-    return verify_all(list(findings), sources, device=device, timeout=timeout)
+    original = list(findings)
+    in_code, code = for_verify(original, sources)  # a notebook's probes run on its joined code cells
+    return back_in_cells(verify_all(in_code, code, device=device, timeout=timeout), original)
 
 
 __all__ = ["torch_available", "torch_version", "verify_findings"]

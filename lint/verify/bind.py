@@ -70,6 +70,7 @@ SIZE_NAMES = re.compile(
     r"vocab_size|block_size|seq_len|segments|chunks|n_chunks|num_segments)$"
 )
 CONFIG_NAMES = re.compile(r"^(config|cfg|conf|model_config|hparams)$")
+SETTINGS_NAMES = re.compile(r"^(config|cfg|conf|model_config|hparams|args|opt|opts)$")
 ITERATING_CALLS = frozenset({"enumerate", "zip", "len", "list", "reversed", "iter", "tuple", "sorted"})
 
 
@@ -421,9 +422,23 @@ class Synth:
         return out
 
 
-def constructor_call(model: FileModel, class_name: str) -> str:
+def checked_class(model: FileModel, name: str) -> str | None:
+    """The class of the file that the code requires ``name`` to be (``isinstance(config,
+    BertConfig)``, raising otherwise, as model base classes do), or None."""
+    for node in walk(model.module):
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "isinstance":
+            args = [a.value for a in node.args]
+            if len(args) == 2 and isinstance(args[0], cst.Name) and args[0].value == name:
+                if isinstance(args[1], cst.Name) and Synth.module_class_of(model, args[1].value) is not None:
+                    return args[1].value
+    return None
+
+
+def constructor_call(model: FileModel, class_name: str, carry: Carry | None = None) -> str:
     """``Name(arg=__tl__.arg("arg"), ...)``: the user's own class built with small sizes chosen
-    from the parameter names of its ``__init__`` (parameters with defaults keep them)."""
+    from the parameter names of its ``__init__`` (parameters with defaults keep them). A settings
+    argument the code checks against a class of the file is a settings stand-in of that class
+    (carried with ``carry``)."""
     classdef = Synth.module_class_of(model, class_name)
     init = None
     if classdef is not None:
@@ -436,11 +451,20 @@ def constructor_call(model: FileModel, class_name: str) -> str:
     args = []
     for name, param, _how in function_params(init)[1:]:
         if param.default is not None:
+            # ``args=None``: a settings object the code reads fields of: a settings stand-in
+            if (
+                isinstance(param.default, cst.Name)
+                and param.default.value == "None"
+                and SETTINGS_NAMES.search(name)
+            ):
+                args.append(f"{name}=__tl__.arg({name!r})")
             continue
         literal = written.get(name)
         if literal is not None:
             # the file's own flag or small value; sizes still come from the name when known
             args.append(f"{name}=__tl__.arg({name!r}, written={literal})")
+        elif carry is not None and (checked := checked_class(model, name)) and carry.carry(checked):
+            args.append(f"{name}=__tl__.config_as({checked}, {name!r})")
         else:
             args.append(f"{name}=__tl__.arg({name!r})")
     return f"{class_name}({', '.join(args)})"
@@ -534,6 +558,8 @@ def call_entry(
     for name, param, how in params:
         kinds = usage(names_used(plan_func, name), parents)
         value = param_value(name, param, kinds, conditions, model)
+        if "indexed" in kinds and param.default is None and name not in conditions:
+            value = unpacked_batch(plan_func, name) or value
         var = f"__tl_arg_{name}"
         program.setup.append(f"{var} = {value}")
         if "layer" in value:
@@ -547,6 +573,60 @@ def call_entry(
     target = f"{receiver}.{func.name.value}" if receiver else func.name.value
     program.run = f"def __tl_run__():\n    return {target}({', '.join(args)})\n"
     return module_args
+
+
+ELEMENT_LABELS = re.compile(r"(^|_)(labels?|targets?)$")
+
+
+def element_data(name: str) -> str:
+    """Synthetic data for a batch element by the name the code gives it."""
+    if LABEL_NAMES.search(name) or ELEMENT_LABELS.search(name):  # before masks: `masked_lm_labels`
+        return '__tl__.data("labels")'
+    for pattern, kind in ((IDS_NAMES, "ids"), (POSITION_NAMES, "positions"), (MASK_NAMES, "mask")):
+        if pattern.search(name):
+            return f'__tl__.data("{kind}")'
+    return '__tl__.data("float")'
+
+
+def unpacked_batch(func: cst.FunctionDef, name: str) -> str | None:
+    """A batch the function takes apart by position or key (``input_ids = batch[1]``,
+    ``mask = batch["attention_mask"]``): a tuple or dict whose elements are built by the names they
+    are given. None unless every subscript of ``name`` is one literal index or key."""
+    fields: dict[int | str, str] = {}
+    for node in walk(func.body):
+        if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Name) and node.value.value == name:
+            if len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
+                return None
+            key = node.slice[0].slice.value
+            if isinstance(key, cst.Integer):
+                fields.setdefault(int(key.value), "")
+            elif isinstance(key, cst.SimpleString):
+                fields.setdefault(key.evaluated_value, key.evaluated_value)  # type: ignore[arg-type]
+            else:
+                return None
+    for node in walk(func.body):  # the names elements are bound to: ``input_ids = batch[1]``
+        if (
+            isinstance(node, cst.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0].target, cst.Name)
+        ):
+            value = node.value
+            if (
+                isinstance(value, cst.Subscript)
+                and isinstance(value.value, cst.Name)
+                and value.value.value == name
+            ):
+                key = value.slice[0].slice.value if isinstance(value.slice[0].slice, cst.Index) else None
+                if isinstance(key, cst.Integer):
+                    fields[int(key.value)] = node.targets[0].target.value
+    if not fields or (
+        not all(isinstance(k, int) for k in fields) and not all(isinstance(k, str) for k in fields)
+    ):
+        return None
+    if all(isinstance(k, str) for k in fields):
+        return "{" + ", ".join(f"{k!r}: {element_data(str(k))}" for k in fields) + "}"
+    size = max(int(k) for k in fields) + 1
+    return "(" + "".join(f"{element_data(fields.get(i, ''))}, " for i in range(size)) + ")"
 
 
 def required_conditions(frames: Iterable, entry: cst.FunctionDef | None) -> dict[str, bool]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import libcst as cst
 
@@ -81,8 +82,10 @@ class ProbeContext:
         """The call at the finding's related location that the rule labelled ``label`` (a class constant
         of the rule, e.g. ``UnscaleTwice.FIRST``)."""
         for rel in self.finding.related:
-            if rel.label != label:
-                continue
+            if rel.label != label or (
+                rel.path and Path(rel.path).resolve() != Path(self.finding.path).resolve()
+            ):
+                continue  # a location in another file (the project index's) is not a call of this one
             for site in self.model.calls:
                 pos = self.model.position(site.node)
                 if pos.start.line == rel.line and pos.start.column + 1 == rel.column:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import libcst as cst
@@ -12,12 +13,8 @@ from trainlint.model import FileModel
 from trainlint.rule import Applicability, Finding, registry
 from trainlint.verify.context import ProbeContext
 from trainlint.verify.probes import PROBES, Probe
-from trainlint.verify.runner import run_probes
+from trainlint.verify.runner import run_probes, start_child
 from trainlint.verify.source import NotExecutable, Tree
-
-# Probes of all files run in one child process (torch is imported once), BATCH at a time; a probe
-# that kills its child is reported and the rest go on in a fresh one (see runner.py).
-BATCH = 48
 
 
 def probe_for(rule_id: str) -> Probe | None:
@@ -46,73 +43,92 @@ def build_probe(finding: Finding, model: FileModel, tree: Tree) -> dict[str, Any
     return func(ProbeContext(finding, model, tree))
 
 
-def verify_all(
-    findings: list[Finding], sources: dict[str, str], device: str, timeout: float
-) -> list[Finding]:
-    from trainlint.verify import torch_version
-
-    version = torch_version()
-    shown_device = "cpu" if device == "auto" else device  # not run: the child reports the real one
-    verdicts: dict[int, dict[str, Any]] = {}
-    by_file: dict[str, list[int]] = {}
+def _build_jobs(
+    findings: list[Finding],
+    by_file: dict[str, list[int]],
+    sources: dict[str, str],
+    verdict: Callable[[int, str, str, dict[str, Any]], None],
+    built: Callable[[dict[str, Any]], None],
+) -> list[dict[str, Any]]:
+    """The probe dicts of the findings listed in ``by_file`` (ids: their indexes), each passed to
+    ``built`` as soon as it is; a finding whose probe cannot be built gets its verdict through
+    ``verdict(index, status, detail, evidence)``."""
     all_jobs: list[dict[str, Any]] = []
-    for i, finding in enumerate(findings):
-        rule = registry().get(finding.rule)
-        if rule is not None and rule.has_probe():
-            by_file.setdefault(finding.path, []).append(i)
     for path, indexes in by_file.items():
         text = sources.get(path)
         if text is None:
             for i in indexes:
-                verdicts[i] = _verify_dict(
-                    "not-executable", shown_device, version, "source not available", {}
-                )
+                verdict(i, "not-executable", "source not available", {})
             continue
         try:
             model = FileModel(cst.parse_module(text), path, text)
             tree = Tree(model)
         except (cst.ParserSyntaxError, RecursionError) as exc:
             for i in indexes:
-                verdicts[i] = _verify_dict(
-                    "not-executable", shown_device, version, f"does not parse: {exc}", {}
-                )
+                verdict(i, "not-executable", f"does not parse: {exc}", {})
             continue
-        jobs: list[dict[str, Any]] = []
         for i in indexes:
             try:
                 probe = build_probe(findings[i], model, tree)
             except NotExecutable as exc:
-                verdicts[i] = _verify_dict("not-executable", shown_device, version, str(exc), {})
+                verdict(i, "not-executable", str(exc), {})
                 continue
             except Exception as exc:  # a bug in a probe builder: report it, keep going
-                verdicts[i] = _verify_dict(
-                    "error",
-                    shown_device,
-                    version,
-                    f"harness error while building the probe: {type(exc).__name__}: {exc}",
-                    {"traceback": traceback.format_exc()[-2000:]},
-                )
+                detail = f"harness error while building the probe: {type(exc).__name__}: {exc}"
+                verdict(i, "error", detail, {"traceback": traceback.format_exc()[-2000:]})
                 continue
             probe["id"] = str(i)
             probe["rule"] = findings[i].rule
-            jobs.append(probe)
-        all_jobs.extend(jobs)
-    for start in range(0, len(all_jobs), BATCH):
-        batch = all_jobs[start : start + BATCH]
-        results = run_probes(batch, device, timeout)
-        for job in batch:
-            res = results[job["id"]]
-            i = int(job["id"])
-            verdict = _verify_dict(
-                res.get("status", "error"),
-                res.get("device", shown_device),
-                res.get("torch", version),
-                res.get("detail", ""),
-                res.get("evidence", {}),
-            )
-            if res.get("fixed_matches"):
-                verdict["fix_verified"] = True
-            verdicts[i] = verdict
+            all_jobs.append(probe)
+            built(probe)
+    return all_jobs
+
+
+def verify_all(
+    findings: list[Finding], sources: dict[str, str], device: str, timeout: float
+) -> list[Finding]:
+    from trainlint.verify import torch_version
+
+    by_file: dict[str, list[int]] = {}
+    for i, finding in enumerate(findings):
+        rule = registry().get(finding.rule)
+        if rule is not None and rule.has_probe():
+            by_file.setdefault(finding.path, []).append(i)
+    # The probes of every file run in one child process, which imports torch once; a probe that kills
+    # it is reported and the rest go on in a fresh one (see runner.py). The child is started first:
+    # it imports torch while the probes are built here (and, told their drivers, starts what they
+    # need), and waits for their job.
+    count = sum(len(indexes) for indexes in by_file.values())
+    child = start_child(device, timeout, count) if count else None
+    version = torch_version()
+    shown_device = "cpu" if device == "auto" else device  # not run: the child reports the real one
+    verdicts: dict[int, dict[str, Any]] = {}
+
+    def unbuilt(i: int, status: str, detail: str, evidence: dict[str, Any]) -> None:
+        verdicts[i] = _verify_dict(status, shown_device, version, detail, evidence)
+
+    def built(probe: dict[str, Any]) -> None:
+        if child is not None:
+            child.announce(str(probe.get("driver")))
+
+    try:
+        all_jobs = _build_jobs(findings, by_file, sources, unbuilt, built)
+        results = run_probes(all_jobs, device, timeout, child) if all_jobs else {}
+    finally:
+        if child is not None:
+            child.close()  # unused (no probe could be built) or already ended
+    for job in all_jobs:
+        res = results[job["id"]]
+        verdict = _verify_dict(
+            res.get("status", "error"),
+            res.get("device", shown_device),
+            res.get("torch", version),
+            res.get("detail", ""),
+            res.get("evidence", {}),
+        )
+        if res.get("fixed_matches"):
+            verdict["fix_verified"] = True
+        verdicts[int(job["id"])] = verdict
     out = []
     for i, finding in enumerate(findings):
         verdict = verdicts.get(i)

@@ -16,9 +16,11 @@ statements), so the child is treated as hostile:
   result per started probe, in order, of a known status; anything else is an error for that probe;
 - the configured timeout is capped.
 
-All probes of one file run in one child (torch is imported once); each gets its own time limit inside
-the child. If the child dies or hangs, the probe it was running is reported and the probes after it run
-in a fresh child. The parent never imports torch and never crashes because of user code.
+All probes of a run go to one child (torch is imported once); each gets its own time limit inside the
+child. The child is started before its job is known (``start_child``): it imports torch while the
+parent builds the probes, then waits until the job file is released through a pipe. If the child dies
+or hangs, the probe it was running is reported and the probes after it run in a fresh child. The parent
+never imports torch and never crashes because of user code.
 """
 
 from __future__ import annotations
@@ -286,25 +288,29 @@ def _valid(item: dict[str, Any]) -> bool:
     )
 
 
-def _spawn(workdir: Path, job: Path, device: str, total: float) -> tuple[subprocess.Popen, _Channel]:
-    """Start the child, isolated as well as this system allows, with the write end of the results
-    pipe as its only inherited descriptor."""
+def _spawn(
+    workdir: Path, job: Path, device: str, total: float, wait: int
+) -> tuple[subprocess.Popen, _Channel]:
+    """Start the child, isolated as well as this system allows; it inherits two descriptors: the
+    write end of the results pipe, and ``wait``, the read end of the pipe whose closing releases
+    the job."""
     mode, prefix = isolation()
     if mode == "python":
         _warn_weak_isolation()
     read_end, write_end = os.pipe()
     run_dir = workdir / "run"
     run_dir.mkdir()
+    command = [*prefix, sys.executable, "-c", BOOT, str(CHILD), str(job), f"fd:{write_end}", f"wait:{wait}"]
     try:
         with open(workdir / "stdout", "wb") as out, open(workdir / "stderr", "wb") as err:
             proc = subprocess.Popen(
-                [*prefix, sys.executable, "-c", BOOT, str(CHILD), str(job), f"fd:{write_end}"],
+                command,
                 cwd=run_dir,
                 env=_environment(run_dir),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,
-                pass_fds=(write_end,),
+                pass_fds=(write_end, wait),
                 start_new_session=True,
                 preexec_fn=_limits(int(total) + 5, device, os.getpid()),
             )
@@ -316,27 +322,82 @@ def _spawn(workdir: Path, job: Path, device: str, total: float) -> tuple[subproc
     return proc, _Channel(read_end)
 
 
-def _run_batch(
-    probes: list[dict[str, Any]], device: str, timeout: float
-) -> tuple[dict[str, dict], str | None, bool]:
-    """Run probes in one child; returns the results it sent and, if it stopped early, why."""
-    workdir = Path(tempfile.mkdtemp(prefix="trainlint-verify-"))
-    try:
-        job = workdir / "job.json"
-        job.write_text(json.dumps({"device": device, "timeout": timeout, "probes": probes}), encoding="utf-8")
-        total = STARTUP_S + (timeout + GRACE_S) * len(probes)
-        proc, channel = _spawn(workdir, job, device, total)
+class Child:
+    """A started child waiting for its job (``start_child``); ``close`` ends it (whatever state it
+    is in) and removes its folder."""
+
+    def __init__(self, device: str, timeout: float, count: int) -> None:
+        self.workdir = Path(tempfile.mkdtemp(prefix="trainlint-verify-"))
+        self.job = self.workdir / "job.json"
+        self.total = STARTUP_S + (timeout + GRACE_S) * max(count, 1)
+        wait, self._release = os.pipe()
         try:
-            code, why = _watch(proc, channel, timeout, total)
+            self.proc, self.channel = _spawn(self.workdir, self.job, device, self.total, wait)
+        except BaseException:
+            os.close(self._release)
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            raise
         finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            proc.wait()
-            channel.read(0)
-            os.close(channel.fd)
-        found, started, broken = parse_results(bytes(channel.data), probes)
+            os.close(wait)
+        self.closed = False
+        self._announced: set[str] = set()
+
+    def announce(self, driver: str) -> None:
+        """Tell the waiting child that a probe of this driver will come (it may prepare for it)."""
+        if self._release < 0 or driver in self._announced:
+            return
+        self._announced.add(driver)
+        try:
+            os.write(self._release, driver.encode("utf-8", "replace").replace(b"\n", b" ") + b"\n")
+        except OSError:  # the child has ended: the batch will say why
+            pass
+
+    def release(self, job: dict[str, Any]) -> None:
+        """Write the job and let the child read it."""
+        self.job.write_text(json.dumps(job), encoding="utf-8")
+        os.close(self._release)
+        self._release = -1
+
+    def stop(self) -> None:
+        """Kill the child's whole process group and keep what it sent."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+        self.channel.read(0)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.stop()
+        os.close(self.channel.fd)
+        if self._release >= 0:
+            os.close(self._release)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def start_child(device: str, timeout: float, count: int) -> Child:
+    """A child for at most ``count`` probes, started now: it imports torch while the caller builds
+    the probes, and runs them once ``run_probes`` releases them."""
+    return Child(device, min(timeout, MAX_TIMEOUT_S), count)
+
+
+def _run_batch(
+    probes: list[dict[str, Any]], device: str, timeout: float, child: Child | None = None
+) -> tuple[dict[str, dict], str | None, bool]:
+    """Run probes in one child (``child``, or a new one); returns the results it sent and, if it
+    stopped early, why."""
+    if child is None:
+        child = start_child(device, timeout, len(probes))
+    try:
+        child.release({"device": device, "timeout": timeout, "probes": probes})
+        try:
+            code, why = _watch(child.proc, child.channel, timeout, child.total)
+        finally:
+            child.stop()
+        found, started, broken = parse_results(bytes(child.channel.data), probes)
         for probe_id in broken:
             found[probe_id] = {
                 "status": "error",
@@ -346,19 +407,26 @@ def _run_batch(
         if why is not None and code is not None and code < 0:
             why = f"the child process was killed by signal {-code} (memory or CPU limit?)"
         if not started:
-            why = f"the verify child process failed to start: {_tail(workdir / 'stderr') or why}"
+            why = f"the verify child process failed to start: {_tail(child.workdir / 'stderr') or why}"
         return found, why, bool(started)
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        child.close()
 
 
-def run_probes(probes: list[dict[str, Any]], device: str, timeout: float) -> dict[str, dict]:
-    """Results keyed by probe id; every probe gets one."""
+def run_probes(
+    probes: list[dict[str, Any]], device: str, timeout: float, child: Child | None = None
+) -> dict[str, dict]:
+    """Results keyed by probe id; every probe gets one. ``child``, started by ``start_child`` for
+    this device and timeout, runs the first batch."""
     timeout = min(timeout, MAX_TIMEOUT_S)
     results: dict[str, dict] = {}
     pending = list(probes)
     while pending:
-        found, why, started = _run_batch(pending, device, timeout)
+        if child is not None:
+            found, why, started = _run_batch(pending, device, timeout, child)
+            child = None  # the probes after one that ended it go to a fresh child
+        else:
+            found, why, started = _run_batch(pending, device, timeout)
         results.update(found)
         rest = [p for p in pending if p["id"] not in found]
         if not rest:

@@ -7,8 +7,11 @@ executed. A name that a snippet needs and that cannot be carried over raises ``N
 from __future__ import annotations
 
 import functools
+import re
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import libcst as cst
 from libcst.metadata import ExpressionContext, ExpressionContextProvider, MetadataWrapper, ScopeProvider
@@ -273,7 +276,8 @@ def _defined_names(stmt: cst.CSTNode, positions) -> Iterator[tuple[str, tuple[in
 # --------------------------------------------------------------------------------------------------
 # carrying module-level definitions
 
-SAFE_CALL_PREFIXES = ("torch.", "math.", "builtins.", "functools.partial")
+# a logger is made at module level in most training files; building one has no side effect
+SAFE_CALL_PREFIXES = ("torch.", "math.", "builtins.", "functools.partial", "logging.getLogger")
 UNSAFE_CALL_PREFIXES = (
     "torch.load",
     "torch.save",
@@ -388,12 +392,14 @@ class Carry:
             return False
         binding = self.model._pick(bindings)
         if binding.kind == "import":
-            target = binding.target or ""
-            if target.startswith("."):
-                raise NotExecutable(f"`{name}` is imported from the user's own package ({target})")
             stmt = binding.node
             self.names.add(name)
-            self._add(stmt, _import_line(stmt, name))
+            # several names of one import are carried one by one
+            line = _import_line(stmt, name)
+            own = own_module(self.model.path, stmt, binding.target or name)
+            if own is not None:  # the user's own package, imported from the project's folder
+                line = re.sub(r"^from \S+ import", f"from {own[1]} import", line)
+            self._add(stmt, guarded_import(line, name, binding.target or name, own and own[0]), part=name)
             return True
         if binding.kind in ("def", "class"):
             node = binding.node
@@ -470,6 +476,56 @@ def unpacked_value(node: cst.CSTNode, name: str) -> cst.BaseExpression | None:
     for t, v in zip(target.elements, value.elements, strict=True):
         if isinstance(t.value, cst.Name) and t.value.value == name and isinstance(v, cst.Element):
             return v.value
+    return None
+
+
+def guarded_import(line: str, name: str, target: str, project: str | None = None) -> str:
+    """The import, or a stand-in named after it when the module cannot be imported in the child (a
+    library that is not installed; the user's own package when it does not import from the project's
+    folder ``project``). How the stand-in acts comes from how the code uses it (see
+    ``standins.Missing``); its use is named in the detail."""
+    stand_in = f"{name} = __tl__.missing({name!r}, {target!r})\n"
+    if project is not None:
+        # the project's own modules may fail on import in any way (a dependency, a version)
+        return f"try:\n    __tl__.on_path({project!r})\n    {line.strip()}\nexcept Exception:\n    {stand_in}"
+    if target.startswith("."):
+        return stand_in
+    root = target.split(".")[0]
+    if root in ("torch", "__future__") or root in sys.stdlib_module_names:
+        return line  # always there: a failure would be the snippet's own
+    return f"try:\n    {line.strip()}\nexcept ImportError:\n    {stand_in}"
+
+
+def own_module(path: str, stmt: cst.CSTNode, target: str) -> tuple[str, str] | None:
+    """(the folder to import from, the absolute module) when the import names a module of the
+    user's own project: a relative import inside a package, or a package that sits in a folder above
+    the file (``from timm.layers import ...`` in ``timm/models/x.py``, ``from turing.file_utils``
+    next to ``turing/``)."""
+    file = Path(path).resolve()
+    if not file.is_file() or not isinstance(stmt, cst.ImportFrom | cst.Import):
+        return None
+    if isinstance(stmt, cst.ImportFrom) and stmt.relative:
+        package = [file.parent]
+        while (package[-1] / "__init__.py").is_file() and package[-1].parent != package[-1]:
+            package.append(package[-1].parent)
+        names = [p.name for p in reversed(package[:-1])]  # top package first
+        level = len(stmt.relative)
+        if not names or level > len(names):
+            return None
+        base = ".".join(names[: len(names) - level + 1])
+        module = dotted(stmt.module) if stmt.module is not None else ""
+        return str(package[-1]), base + (f".{module}" if module else "")
+    top = target.lstrip(".").split(".")[0]
+    folder = file.parent
+    for _ in range(8):
+        if (folder / top).is_dir() or (folder / f"{top}.py").is_file():
+            module = (
+                dotted(stmt.module) if isinstance(stmt, cst.ImportFrom) and stmt.module is not None else ""
+            )
+            return str(folder), module
+        if folder.parent == folder:
+            break
+        folder = folder.parent
     return None
 
 

@@ -176,3 +176,27 @@ def argparse_defaults(model: FileModel) -> dict[str, str]:
             if name:
                 out[name] = value
     return out
+
+
+def runtime_read(model: FileModel, expr: cst.BaseExpression) -> str | None:
+    """How the file reads a setting at run time, as written (``conf["trainer"]["clip"]``,
+    ``cfg.get("clip", 1.0)``, ``args.clip``), when ``expr`` is such a read: subscripts with literal
+    keys and attributes over a name, or ``.get`` of a literal key on one. Its value is not in the file,
+    so a probe sweeps it rather than giving up."""
+    node = expr
+    if (
+        isinstance(node, cst.Call)
+        and attr_name(node) == "get"
+        and node.args
+        and is_literal(node.args[0].value)
+    ):
+        node = node.func.value  # type: ignore[attr-defined]
+    while isinstance(node, cst.Subscript | cst.Attribute):
+        if isinstance(node, cst.Subscript):
+            keys = [e.slice for e in node.slice]
+            if not all(isinstance(k, cst.Index) and is_literal(k.value) for k in keys):
+                return None
+        node = node.value
+    if not isinstance(node, cst.Name) or node is expr:
+        return None
+    return model.code(expr)

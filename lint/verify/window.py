@@ -21,7 +21,7 @@ from trainlint.model import (
 )
 from trainlint.verify.context import TextEdit
 from trainlint.verify.source import Carry, NotExecutable, Tree, analyse_names, is_literal
-from trainlint.verify.values import argparse_defaults, file_value
+from trainlint.verify.values import argparse_defaults, file_value, runtime_read
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,10 @@ def _is_update_statement(stmt: cst.CSTNode) -> bool:
 # binding free names
 
 
+# the names an argparse namespace goes by
+ARGS_NAMES = frozenset({"args", "opt", "opts", "cfg", "config", "hparams"})
+
+
 @dataclass
 class Binder:
     """Chooses a binding for each free name of a window, in order: roles given by the probe, a
@@ -113,6 +117,11 @@ class Binder:
         if self.carry is None:
             self.carry = Carry(self.model)
 
+    @property
+    def lines_for(self) -> set[str]:
+        """Names the set-up lines bind already."""
+        return {line.split(" = ", 1)[0] for line in self.lines if " = " in line}
+
     def local_value(self, name: str) -> str | None:
         values = self.model.values_of(cst.Name(name), self.scope) if self.scope.kind != "module" else []
         binding = self.model.lookup(name, self.scope)
@@ -125,8 +134,20 @@ class Binder:
                 return self.model.code(values[0])
         return None
 
+    def runtime_value(self, name: str) -> str | None:
+        """How the function reads ``name`` from a config at run time (``conf["trainer"]["clip"]``),
+        when that is its only value."""
+        if self.scope.kind == "module":
+            return None
+        values = self.model.values_of(cst.Name(name), self.scope)
+        return runtime_read(self.model, values[0]) if len(values) == 1 else None
+
     def _bindable(self, name: str) -> bool:
-        return name in self.roles or self.model.module_scope.bindings.get(name) is not None
+        """A name a local value may read: a role, a module-level name, or the argparse namespace when
+        the file holds its defaults (``use_fp16 = args.precision == "fp16"``)."""
+        if name in self.roles or self.model.module_scope.bindings.get(name) is not None:
+            return True
+        return name in ARGS_NAMES and bool(argparse_defaults(self.model))
 
     def bind(self, names: list[str], attrs: list[str]) -> None:
         """Append set-up lines binding ``names`` (attribute chains in ``attrs`` refine objects)."""
@@ -147,14 +168,25 @@ class Binder:
                 continue
             value = self.local_value(name)
             if value is not None:
-                for inner in analyse_names(f"_ = {value}\n").free:
-                    if inner not in self.roles:
-                        assert self.carry is not None
-                        self.carry.carry(inner)
+                read = analyse_names(f"_ = {value}\n")
+                for inner in read.free:
+                    assert self.carry is not None
+                    if (
+                        inner not in self.roles
+                        and not self.carry.carry(inner)
+                        and inner not in self.lines_for
+                    ):
+                        self.bind([inner], read.attrs)  # the argparse namespace, with its defaults
                 self.lines.append(f"{name} = {value}")
                 continue
             assert self.carry is not None
             if self.carry.carry(name):
+                continue
+            read = self.runtime_value(name)
+            if read is not None:
+                # a setting read from a config at run time: a small value chosen by its name
+                self.lines.append(f"{name} = __tl__.arg({name!r})")
+                self.notes.append(f"`{name}` is read at run time (`{read}`): its value is chosen by name")
                 continue
             fields = [a for a in attrs if a.startswith(name + ".")]
             if fields and (
@@ -194,10 +226,14 @@ def optimizer_construction(
     callee = model.qualname(call.func, scope)
     if callee is None:
         raise NotExecutable(f"the optimizer class `{model.code(call.func)}` cannot be resolved")
+    sharded = callee.endswith(".ZeroRedundancyOptimizer")
+    if sharded:
+        # on one rank ZeRO is its inner optimizer over all the parameters
+        callee = _zero_inner_class(model, call, scope)
     module, _, cls = callee.rpartition(".")
     kwargs = []
     for arg in call.args:
-        if arg.keyword is not None and arg.keyword.value not in ("params",):
+        if arg.keyword is not None and arg.keyword.value not in ("params", *ZERO_OPTIONS):
             if is_literal(arg.value) or strict:
                 kwargs.append(f"{arg.keyword.value}={model.code(arg.value)}")
     pos = positional(call)
@@ -206,7 +242,29 @@ def optimizer_construction(
     if not any(k.startswith("lr=") for k in kwargs) and cls in ("SGD",):
         kwargs.append("lr=0.01")
     code = f"__import__({module!r}, fromlist=[{cls!r}]).{cls}({params}{''.join(', ' + k for k in kwargs)})"
-    return code, f"{cls}({', '.join(kwargs)})"
+    described = f"{cls}({', '.join(kwargs)})"
+    if sharded:
+        described = f"ZeroRedundancyOptimizer on one rank, that is {described}"
+    return code, described
+
+
+# ZeroRedundancyOptimizer's own options; the rest are its inner optimizer's
+ZERO_OPTIONS = ("optimizer_class", "process_group", "parameters_as_bucket_view", "overlap_with_ddp")
+
+
+def _zero_inner_class(model: FileModel, call: cst.Call, scope: Scope) -> str:
+    """The torch optimizer class a ``ZeroRedundancyOptimizer`` wraps (``optimizer_class=``, or a
+    name bound to torch optimizer classes: the last one the file assigns); AdamW when not known."""
+    from trainlint.model import keyword
+
+    kw = keyword(call, "optimizer_class")
+    if kw is not None:
+        candidates = [kw.value, *model.values_of(kw.value, scope)]
+        names = [model.qualname(c, scope) for c in candidates if isinstance(c, cst.Name | cst.Attribute)]
+        torch_classes = [n for n in names if n and n.startswith("torch.optim.")]
+        if torch_classes:
+            return torch_classes[-1]
+    return "torch.optim.AdamW"
 
 
 def parameters_receivers(expr: cst.CSTNode) -> list[str]:

@@ -29,7 +29,6 @@ from trainlint.model import (
     ends_file,
     frames_inside,
     in_loop,
-    innermost_loop,
     line_indent,
     positional,
     receiver,
@@ -37,6 +36,7 @@ from trainlint.model import (
     standalone_call,
     whole_lines,
 )
+from trainlint.model.flow import iteration_frame
 from trainlint.model.training import mentions_parameters_of
 
 
@@ -65,7 +65,9 @@ class ZeroGradEveryMicrostep(Rule):
             "updates) that runs on every iteration of a loop in which `optimizer.step()` runs only "
             "under an accumulation condition (`(i + 1) % accum == 0`, `accelerator.sync_gradients`, "
             "`if not is_accumulating:`, a counter compared with the accumulation count), while a "
-            "backward runs on every iteration. Not reported when `zero_grad()` sits under the same "
+            "backward runs on every iteration. Lightning's `training_step(self, batch, batch_idx)` "
+            "counts as such a loop's body (the framework runs it once per batch; with manual "
+            "optimization it calls `step()` itself). Not reported when `zero_grad()` sits under the same "
             "condition, inside `accelerator.accumulate(...)` (whose prepared optimizer skips it "
             "between updates), or for a different optimizer (a GAN's discriminator)."
         ),
@@ -179,6 +181,16 @@ class ZeroGradEveryMicrostep(Rule):
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
         """,
+        # Lightning manual optimization: clears right after the step, under the same condition
+        """
+        class Net(LightningModule):
+            def training_step(self, batch, batch_idx):
+                opt = self.optimizers()
+                self.manual_backward(self.loss(batch) / self.accum)
+                if (batch_idx + 1) % self.accum == 0:
+                    opt.step()
+                    opt.zero_grad()
+        """,
         # litgpt / Fabric: step and zero_grad both under `if not is_accumulating`
         """
         for batch in loader:
@@ -265,6 +277,19 @@ class ZeroGradEveryMicrostep(Rule):
                     count = 0
             """,
             line=3,
+        ),
+        # Lightning manual optimization: the framework's loop calls training_step once per batch
+        Invalid(
+            """
+            class Net(LightningModule):
+                def training_step(self, batch, batch_idx):
+                    opt = self.optimizers()
+                    opt.zero_grad()
+                    self.manual_backward(self.loss(batch))
+                    if (batch_idx + 1) % self.accum == 0:
+                        opt.step()
+            """,
+            line=4,
         ),
         # accelerate without accumulate(): the flag is never False, zero_grad really clears
         Invalid(
@@ -432,14 +457,14 @@ class ZeroGradEveryMicrostep(Rule):
         for step in training.of_kind("step", "scaler_step"):
             optimizer = _optimizer_expr(step)
             key = dotted(optimizer)
-            loop = innermost_loop(step.site)
+            loop = iteration_frame(step.site)
             if key is None or loop is None:
                 continue
             condition = training.under_accumulation(step.site, loop.node)
             if condition is None:
                 continue
             scope = step.site.scope
-            if not self._backward_every_iteration(training, scope, loop, condition):
+            if not self._backward_every_iteration(model, scope, loop, condition):
                 continue
             for zero in training.events_in(scope, "zero_grad"):
                 if id(zero.site.node) in reported or not in_loop(zero.site, loop):
@@ -508,15 +533,22 @@ class ZeroGradEveryMicrostep(Rule):
         )
 
     @staticmethod
-    def _backward_every_iteration(training, scope: Scope, loop: Frame, condition: Frame) -> bool:
+    def _backward_every_iteration(model: FileModel, scope: Scope, loop: Frame, condition: Frame) -> bool:
         """A backward runs on every iteration, and none runs only with the step: a backward under the
         step's own condition (a GAN generator updated every n_critic iterations) means the
-        unconditional backward belongs to something else."""
+        unconditional backward belongs to something else. Lightning's ``self.manual_backward(loss)``
+        counts as a backward."""
+        sites = [e.site for e in model.training.events_in(scope, "backward", "scaled_backward")]
+        sites += [
+            s
+            for s in model.calls_in(scope)
+            if attr_name(s.node) == "manual_backward" and dotted(receiver(s.node)) == "self"
+        ]
         every = False
-        for event in training.events_in(scope, "backward", "scaled_backward"):
-            if not in_loop(event.site, loop):
+        for site in sites:
+            if not in_loop(site, loop):
                 continue
-            if any(f.node is condition.node for f in event.site.frames):
+            if any(f.node is condition.node for f in site.frames):
                 return False
             every = True
         return every

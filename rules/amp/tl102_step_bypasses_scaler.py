@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import libcst as cst
+
 from trainlint.api import (
     Applicability,
     Diagnostic,
@@ -18,6 +20,7 @@ from trainlint.api import (
 from trainlint.model import (
     Event,
     FileModel,
+    Scope,
     Site,
     dotted,
     exclusive,
@@ -52,8 +55,9 @@ class StepBypassesScaler(Rule):
             "Reports `optimizer.step()` called directly in a function (or script) whose loss went "
             "through `scaler.scale(loss).backward()` with no `scaler.step(...)` in between. Not "
             "reported when the direct step is the non-AMP branch of an `if` whose other branch calls "
-            "`scaler.step`, when a plain backward of another loss precedes it, or for MS-AMP, whose "
-            "optimizer handles the scale itself."
+            "`scaler.step`, when a plain backward of another loss precedes it, or for the optimizer "
+            "that MS-AMP's `msamp.initialize` returned, which handles the scale itself (another "
+            "optimizer in the same file is still reported)."
         ),
         why=(
             "After a scaled backward every gradient is multiplied by the loss scale (65536 at the "
@@ -128,7 +132,7 @@ class StepBypassesScaler(Rule):
         loss_g.backward()
         opt_g.step()
         """,
-        # MS-AMP's optimizer handles the scale
+        # MS-AMP's optimizer (the one `msamp.initialize` returned) handles the scale
         """
         import torch, msamp
         model, optimizer = msamp.initialize(model, optimizer, opt_level='O2')
@@ -170,6 +174,19 @@ class StepBypassesScaler(Rule):
             scaler.update()
             """,
             line=4,
+        ),
+        # MS-AMP in the file, but this optimizer is not the one it returned: its step sees scaled grads
+        Invalid(
+            """
+            import torch, msamp
+            encoder, enc_opt = msamp.initialize(encoder, enc_opt, opt_level='O2')
+            head_opt = torch.optim.AdamW(head.parameters())
+            scaler = torch.amp.GradScaler()
+            scaler.scale(loss).backward()
+            head_opt.step()
+            scaler.update()
+            """,
+            line=6,
         ),
         Invalid(
             """
@@ -274,12 +291,10 @@ class StepBypassesScaler(Rule):
 
     def check(self, model: FileModel) -> Iterator[Diagnostic]:
         training = model.training
-        if any((model.callee(s) or "").startswith("msamp.") for s in model.calls):
-            return
         for step in training.of_kind("step"):
             site = step.site
             recv = receiver(step.call)
-            if not training.is_optimizer_like(recv, site.scope):
+            if not training.is_optimizer_like(recv, site.scope) or _from_msamp(model, recv, site.scope):
                 continue
             events = training.events_in(
                 site.scope, "scaled_backward", "backward", "scaler_step", "update", "unscale"
@@ -341,3 +356,13 @@ class StepBypassesScaler(Rule):
             f"Replace with `{scaler}.step({optimizer})`",
             (TextEditSpec(call, "replace", f"{scaler}.step({', '.join(parts)})"),),
         )
+
+
+def _from_msamp(model: FileModel, optimizer: cst.BaseExpression | None, scope: Scope) -> bool:
+    """The optimizer MS-AMP returned (``model, optimizer = msamp.initialize(...)``): its step handles
+    the scale. Only that optimizer: another one in the same file steps scaled gradients."""
+    key = dotted(optimizer)
+    binding = model.lookup(key, scope) if key is not None and "." not in key else None
+    node = binding.node if binding is not None else None
+    value = node.value if isinstance(node, cst.Assign) else None
+    return isinstance(value, cst.Call) and (model.qualname(value.func, scope) or "").startswith("msamp.")

@@ -33,7 +33,13 @@ from trainlint.model import (
     walk,
     walk_scope,
 )
-from trainlint.model.crossfile import converted_arguments, returned_half_modules
+from trainlint.model.crossfile import (
+    assigned_name,
+    constructed_class,
+    converted_arguments,
+    converted_when_built,
+    returned_half_modules,
+)
 from trainlint.model.vocab import (
     MASTER_WEIGHT_CALLS,
     MASTER_WEIGHT_INITIALIZERS,
@@ -67,6 +73,8 @@ class HalfInsteadOfAutocast(Rule):
 
     @classmethod
     def wants_fact(cls, kind: str, facts: dict[str, Any]) -> bool:
+        if kind == "class":
+            return bool(facts.get("init_may_convert"))
         return kind == "function" and bool(facts["half"] or facts.get("returns_half"))
 
     doc = RuleDoc(
@@ -75,7 +83,12 @@ class HalfInsteadOfAutocast(Rule):
             "`model.to(torch.float16)`, `model.to(device, dtype=torch.bfloat16)`, chained as in "
             "`Net().cuda().half()`) whose parameters are then given to an optimizer (`torch.optim.*`, "
             "bitsandbytes, apex, `transformers.AdamW`, ...) in the same function, in the module's "
-            "script code, or through `self.model` in the same class. Not reported: inference "
+            "script code, or through `self.model` in the same class, or in a function of the file the "
+            "model is passed to. Across the project: a helper that converts its argument, a loader that "
+            "returns a converted module, a model class whose constructor converts a submodule (also "
+            "when built through a classmethod such as `from_pretrained`), and the project's own "
+            "`torch.optim.Optimizer` subclasses. A freeze loop that skips some parameters (`continue`, "
+            "an `if`) leaves them trained in 16-bit. Not reported: inference "
             "(no optimizer gets those parameters, `eval()`, `torch.no_grad()`/`inference_mode()`), "
             "tensors such as inputs and labels, a frozen 16-bit backbone whose trainable part stays "
             "fp32, optimizers that keep fp32 master weights (apex `FP16_Optimizer`, `amp.initialize`, "
@@ -325,10 +338,17 @@ class HalfInsteadOfAutocast(Rule):
         user changes (or the call), with the conversion in the other file as a related location."""
         for site in model.calls:
             converted = [(dotted(arg), where) for arg, where in converted_arguments(model, site)]
-            for key, where in converted + returned_half_modules(model, site):
+            converted += returned_half_modules(model, site)
+            built = constructed_class(model, site.node, site.scope)
+            when_built = converted_when_built(model, built) if built is not None else None
+            if when_built is not None:  # ``model = Net.from_pretrained(...)``, Net converting itself
+                converted.append((assigned_name(site), when_built))
+            for key, where in converted:
                 if key is None or inference_context(model, site):
                     continue
                 found = self._optimizer_for(model, training, site, key, optimizers)
+                if found is None and when_built is not None:
+                    found = self._optimizer_in_caller(model, training, site, key, optimizers)
                 if found is None:
                     continue
                 yield Diagnostic(
@@ -400,6 +420,30 @@ class HalfInsteadOfAutocast(Rule):
             params = first_arg(opt.call, "params")
             if params is not None and yields_parameters(model, params, key, opt_scope):
                 return opt
+        return self._optimizer_in_callee(model, site, key, optimizers)
+
+    @staticmethod
+    def _optimizer_in_callee(model: FileModel, site: Site, key: str, optimizers: list[Event]) -> Event | None:
+        """An optimizer built by a function of the file that ``key`` is passed to after ``site``
+        (``optimizer = prep_optimizer(args, model)``), over the parameter that receives it."""
+        for call_site in model.calls_in(site.scope):
+            call = call_site.node
+            if call_site.order <= site.order or not isinstance(call, cst.Call):
+                continue
+            function = model.local_function(call, site.scope, methods=False)
+            if function is None:
+                continue
+            names = [p.name.value for p in function.params.params]
+            passed = [names[i] for i, a in enumerate(positional(call)) if i < len(names) and dotted(a) == key]
+            passed += [a.keyword.value for a in call.args if a.keyword is not None and dotted(a.value) == key]
+            for opt in optimizers:
+                if opt.site.scope.node is not function:
+                    continue
+                params = first_arg(opt.call, "params")
+                if params is not None and any(
+                    yields_parameters(model, params, name, opt.site.scope) for name in passed
+                ):
+                    return opt
         return None
 
     def _optimizer_in_caller(
@@ -489,15 +533,21 @@ class HalfInsteadOfAutocast(Rule):
             )
             if not freezes:
                 continue
-            for frame in assign.frames:
-                if frame.kind == "loop" and isinstance(frame.node, cst.For):
-                    for sub in walk(frame.node.iter):
-                        if (
-                            isinstance(sub, cst.Call)
-                            and attr_name(sub) in ("parameters", "named_parameters")
-                            and covers(dotted(receiver(sub)))
-                        ):
-                            return True
+            for index, frame in enumerate(assign.frames):
+                if frame.kind != "loop" or not isinstance(frame.node, cst.For):
+                    continue
+                # a freeze under an `if` or past a `continue` in the loop leaves some parameters trained
+                if any(f.kind == "if" for f in assign.frames[index + 1 :]) or any(
+                    isinstance(sub, cst.Continue) for sub in walk(frame.node.body)
+                ):
+                    continue
+                for sub in walk(frame.node.iter):
+                    if (
+                        isinstance(sub, cst.Call)
+                        and attr_name(sub) in ("parameters", "named_parameters")
+                        and covers(dotted(receiver(sub)))
+                    ):
+                        return True
         return False
 
     @staticmethod
@@ -631,7 +681,7 @@ def master_weight_machinery(model: FileModel) -> bool:
 def yields_parameters(model: FileModel, expr: cst.CSTNode, key: str, scope: Scope, depth: int = 0) -> bool:
     """Whether ``expr`` evaluates to ``key``'s own parameter objects (not copies of them): directly,
     in param groups, filtered comprehensions, ``list``/``filter``/``chain``, or through local names."""
-    if depth > 4:
+    if depth > 12:  # param groups of filtered lists of (name, parameter) pairs nest deep
         return False
     if isinstance(expr, cst.Call):
         name = attr_name(expr)
@@ -648,8 +698,11 @@ def yields_parameters(model: FileModel, expr: cst.CSTNode, key: str, scope: Scop
             for e in expr.elements
         )
     if isinstance(expr, cst.ListComp | cst.GeneratorExp | cst.SetComp):
-        if not isinstance(expr.elt, cst.Name):
-            return False  # `p.detach().clone().float()`: a copy, e.g. hand-written fp32 master weights
+        elements = [e.value for e in expr.elt.elements] if isinstance(expr.elt, cst.Tuple) else [expr.elt]
+        if not all(isinstance(e, cst.Name) for e in elements):
+            # `p.detach().clone().float()`: a copy, e.g. hand-written fp32 master weights; `(n, p)`
+            # pairs carry the parameter itself
+            return False
         comp: cst.CompFor | None = expr.for_in
         while comp is not None:
             if yields_parameters(model, comp.iter, key, scope, depth + 1):

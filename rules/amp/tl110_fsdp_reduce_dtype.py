@@ -15,6 +15,7 @@ class FsdpReduceDtype(Rule):
     id = "TL110"
     name = "fsdp-reduce-dtype"
     severity = Severity.WARNING
+    probe = True
     summary = (
         "FSDP mixed precision with a 16-bit param_dtype and no reduce_dtype: gradients are reduced in 16 bit."
     )

@@ -25,7 +25,7 @@ from trainlint.model import (
     receiver,
     walk,
 )
-from trainlint.model.crossfile import class_side_effects, constructed_class
+from trainlint.model.crossfile import class_side_effects, classes_built_by_name, constructed_class
 from trainlint.model.targets import Target, called_functions, resolve_checkpoint_target
 from trainlint.model.vocab import BATCHNORM_CLASSES
 from trainlint.rules.checkpoint._shared import (
@@ -55,7 +55,11 @@ class CheckpointSideEffect(Rule):
             "`global`/`nonlocal` names or to attributes and items of objects not created in the "
             "function (`self.count += 1`, `CACHE[key] = x`), mutating calls on outer containers "
             "(`append`, `extend`, `update`, `pop`, ...), `print`, logging and experiment trackers, file "
-            "or network I/O, reseeding, in-place changes of parameters or buffers, and BatchNorm layers."
+            "or network I/O, reseeding, in-place changes of parameters or buffers, and BatchNorm layers. "
+            "Across the project: a module of a class defined in another file (BatchNorm submodules, "
+            "global or registry writes, collectives in its forward), and a module that is a parameter "
+            "or loop variable in a file that builds its layers by name (`globals()[name]`), any of whose "
+            "named classes may be the one checkpointed."
         ),
         why=(
             "Activation checkpointing throws the block's activations away after the forward pass and "
@@ -388,16 +392,37 @@ class CheckpointSideEffect(Rule):
                 args = args[1:]
             fact = constructed_class(model, args[0], site.scope) if args else None
             effects = class_side_effects(model, fact) if fact is not None else []
-            if fact is None or not effects:
-                continue
-            first = effects[0]
-            yield Diagnostic(
-                call,
-                f"`{model.code(args[0])}` is a `{fact.name}`, whose forward runs under checkpoint() here: "
-                f"{first.what} ({first.path}, line {first.line}), and recomputation during backward "
-                "repeats it; checkpoint a part without the side effect, or move the effect out.",
-                elsewhere=tuple(e.related(CheckpointSideEffect.EFFECT) for e in effects),
-            )
+            if fact is not None and effects:
+                first = effects[0]
+                yield Diagnostic(
+                    call,
+                    f"`{model.code(args[0])}` is a `{fact.name}`, whose forward runs under checkpoint() "
+                    f"here: {first.what} ({first.path}, line {first.line}), and recomputation during "
+                    "backward repeats it; checkpoint a part without the side effect, or move the effect out.",
+                    elsewhere=tuple(e.related(CheckpointSideEffect.EFFECT) for e in effects),
+                )
+            elif fact is None and args and _unknown_layer(model, args[0], site.scope):
+                yield from self._layer_built_by_name(model, call, args[0])
+
+    @staticmethod
+    def _layer_built_by_name(
+        model: FileModel, call: cst.Call, layer: cst.BaseExpression
+    ) -> Iterator[Diagnostic]:
+        """The checkpointed module is a parameter or a loop variable, and the file builds its layers
+        from names (``globals()[name]``): any class the builder names may be checkpointed here."""
+        for fact in classes_built_by_name(model):
+            effects = class_side_effects(model, fact)
+            if effects:
+                first = effects[0]
+                yield Diagnostic(
+                    call,
+                    f"`{model.code(layer)}` is a layer this file builds by name (`globals()[...]`), such as "
+                    f"`{fact.name}`, whose forward runs under checkpoint() here: {first.what} "
+                    f"({first.path}, line {first.line}), and recomputation during backward repeats it; "
+                    "checkpoint only layers without such effects.",
+                    elsewhere=tuple(e.related(CheckpointSideEffect.EFFECT) for e in effects),
+                )
+                return
 
     def _in_this_file(self, model: FileModel) -> Iterator[Diagnostic]:
         reported: set[int] = set()
@@ -470,6 +495,16 @@ SEEDING = frozenset(
 
 
 GRAD_ENABLED = frozenset({"torch.is_grad_enabled"})
+
+
+def _unknown_layer(model: FileModel, expr: cst.BaseExpression, scope: Scope) -> bool:
+    """A name whose module is not known here: a parameter of the function or a loop variable."""
+    if not isinstance(expr, cst.Name):
+        return False
+    binding = model.lookup(expr.value, scope)
+    if binding is None:
+        return False
+    return binding.kind == "param" or (binding.kind == "other" and isinstance(binding.node, cst.For))
 
 
 def _root_name(expr: cst.BaseExpression) -> str | None:

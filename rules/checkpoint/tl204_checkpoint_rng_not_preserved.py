@@ -17,8 +17,12 @@ from trainlint.api import (
 )
 from trainlint.model import (
     FileModel,
+    Scope,
+    Site,
+    attr_name,
     dotted,
     keyword,
+    receiver,
 )
 from trainlint.model.crossfile import checkpoint_wrapper, class_randomness, constructed_class
 from trainlint.model.targets import Target, called_functions, resolve_callable
@@ -60,7 +64,10 @@ class CheckpointRngNotPreserved(Rule):
         what=(
             "Reports a checkpoint call with `preserve_rng_state=False` whose function (resolved as for "
             "TL203) uses randomness: dropout modules or functions, `torch.rand*`, `torch.bernoulli`, "
-            "`torch.multinomial`, `torch.normal`, `random.*`, `numpy.random.*`."
+            "`torch.multinomial`, `torch.normal`, `random.*`, `numpy.random.*`; a dropout may also sit "
+            "in an `nn.Sequential`/`nn.ModuleList` attribute (given directly or as a list spread into "
+            "it) that the function calls or hands to a helper. Also reported at the call of another "
+            "file's wrapper whose `preserve_rng_state` parameter defaults to False."
         ),
         why=(
             "Recomputation during backward draws new random numbers unless the RNG state is restored. "
@@ -380,4 +387,65 @@ def _randomness(model: FileModel, target: Target) -> str | None:
             return model.code(call.func)
         if any(c in DROPOUT_MODULES for c in self_attr_callee(model, call, target.scope)):
             return model.code(call.func)
+        # a container attribute called here or handed to a helper that runs it (``run(self.layers, h)``)
+        for used in (call.func, *(a.value for a in call.args)):
+            if _container_with_dropout(model, used, target.scope):
+                return model.code(used)
     return None
+
+
+CONTAINERS = frozenset({"torch.nn.Sequential", "torch.nn.ModuleList"})
+
+
+def _container_with_dropout(model: FileModel, expr: cst.BaseExpression, scope: Scope) -> bool:
+    """``self.layers`` built as ``nn.Sequential(...)``/``nn.ModuleList([...])`` with a dropout among its
+    parts: given directly, or in a list spread into it (``nn.Sequential(*layers)``)."""
+    path = dotted(expr)
+    if path is None or not path.startswith("self.") or path.count(".") != 1:
+        return False
+    sites = {id(s.node): s for s in model.calls}
+    for value, callee in model.call_values(expr, scope):
+        site = sites.get(id(value))
+        if callee not in CONTAINERS or site is None:
+            continue
+        for part in _parts(model, value, site):
+            if isinstance(part, cst.Call) and model.qualname(part.func, site.scope) in DROPOUT_MODULES:
+                return True
+    return False
+
+
+def _parts(model: FileModel, container: cst.Call, site: Site) -> Iterator[cst.BaseExpression]:
+    """The modules a container call is given: its arguments, the elements of a list literal among them,
+    and for ``*layers`` the elements the list held at that point: its last assignment before the call
+    and what ``layers += [...]``/``layers.append(...)``/``layers.extend([...])`` added after it."""
+    for arg in container.args:
+        value = arg.value
+        if isinstance(value, cst.List | cst.Tuple):
+            yield from (e.value for e in value.elements)
+        elif arg.star == "*" and isinstance(value, cst.Name):
+            yield from _list_elements(model, value.value, site)
+        else:
+            yield value
+
+
+def _list_elements(model: FileModel, name: str, site: Site) -> Iterator[cst.BaseExpression]:
+    bindings = [b for b in site.scope.bindings.get(name, ()) if b.order < site.order]
+    if not bindings or not isinstance(bindings[-1].value, cst.List | cst.Tuple):
+        return
+    start = bindings[-1].order
+    added: list[cst.BaseExpression] = [bindings[-1].value]
+    for aug in model.augassigns:
+        node = aug.node
+        if aug.scope is site.scope and start < aug.order < site.order and isinstance(node, cst.AugAssign):
+            if dotted(node.target) == name:
+                added.append(node.value)
+    for call_site in model.calls_in(site.scope):
+        call = call_site.node
+        if start < call_site.order < site.order and isinstance(call, cst.Call) and call.args:
+            if dotted(receiver(call)) == name and attr_name(call) in ("append", "extend"):
+                added.append(call.args[0].value)
+    for value in added:
+        if isinstance(value, cst.List | cst.Tuple):
+            yield from (e.value for e in value.elements)
+        else:
+            yield value

@@ -45,6 +45,7 @@ class HfGradientCheckpointingReentrant(Rule):
     id = "TL205"
     name = "hf-gradient-checkpointing-reentrant"
     severity = Severity.WARNING
+    probe = True
     summary = (
         "Hugging Face gradient checkpointing enabled without gradient_checkpointing_kwargs on a model "
         "with frozen parameters: transformers picks the reentrant variant."
@@ -79,7 +80,12 @@ class HfGradientCheckpointingReentrant(Rule):
             "layer gets a gradient. With LoRA on 32 checkpointed decoder layers and a trainable "
             "classification head, all 32 x 2 LoRA matrices per target keep `grad = None` and only the "
             "head trains (or, when nothing outside the layers trains, backward fails with 'element 0 "
-            "of tensors does not require grad')."
+            "of tensors does not require grad'). Newer transformers changed this: 5.24.0 defaults a "
+            'missing argument to `{"use_reentrant": False}` and calls `enable_input_require_grads()` '
+            "for every model whose main input is `input_ids`, so there the call is harmless; the "
+            "finding matters on the releases before that change. `--verify` builds the user's model "
+            "(from a configuration in the file, never `from_pretrained`) with the installed "
+            "transformers and says which behaviour it has."
         ),
         example=(
             "model = AutoModelForCausalLM.from_pretrained(name)\n"

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from trainlint.model import FileModel, Scope, Site, dotted, first_arg, int_value
+from trainlint.model import FileModel, Scope, Site, dotted, first_arg, int_value, keyword
 
 
 @dataclass(frozen=True)
@@ -93,3 +93,12 @@ def same_owner(scope: Scope, wrap: Wrap) -> bool:
     if wrap.outer.startswith("self."):
         return scope.enclosing_class is not None and scope.enclosing_class is wrap.site.scope.enclosing_class
     return False
+
+
+def keyword_is(call: cst.CSTNode, name: str, *values: str) -> bool:
+    """``call`` passes ``name=`` one of ``values`` (the last part of a dotted value: ``True``,
+    ``ShardingStrategy.NO_SHARD``)."""
+    if not isinstance(call, cst.Call):
+        return False
+    arg = keyword(call, name)
+    return arg is not None and (dotted(arg.value) or "").rsplit(".", 1)[-1] in values

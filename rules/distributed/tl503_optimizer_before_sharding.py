@@ -10,13 +10,14 @@ from trainlint.api import Diagnostic, Invalid, Rule, RuleDoc, Severity
 from trainlint.model import FileModel, Site, attr_name, dotted, exclusive, positional
 from trainlint.model.training import mentions_parameters_of
 from trainlint.model.vocab import FSDP_CLASSES, FULLY_SHARD
-from trainlint.rules.distributed._sharding import sharded_in_place, wraps
+from trainlint.rules.distributed._sharding import keyword_is, sharded_in_place, wraps
 
 
 class OptimizerBeforeSharding(Rule):
     id = "TL503"
     name = "optimizer-before-sharding"
     severity = Severity.ERROR
+    probe = True
     SHARD = "shard"
     summary = "An optimizer is built over a model's parameters before the model is sharded (FSDP)."
     # A finding needs an FSDP wrap (`FullyShardedDataParallel`, `fully_shard`) or an accelerate
@@ -30,7 +31,10 @@ class OptimizerBeforeSharding(Rule):
             "or `fully_shard(model)` shards that model; and in a file that mentions FSDP, an optimizer "
             "built before `accelerator.prepare(model)` when the optimizer is not passed to that same "
             "`prepare` call. An optimizer over a parameter list built earlier (`decay = [p for n, p in "
-            "model.named_parameters() ...]`) is not traced and not reported."
+            "model.named_parameters() ...]`) is not traced and not reported, nor one before "
+            "`FullyShardedDataParallel(model, use_orig_params=True)`, which keeps the module's own "
+            "parameter objects (their data becomes a view of the shard), so the optimizer built before "
+            "takes the same step as one built after (torch 2.13, two CPU ranks)."
         ),
         why=(
             "FSDP replaces the module's parameters: FSDP1 flattens them into sharded `FlatParameter`s, "
@@ -85,6 +89,8 @@ class OptimizerBeforeSharding(Rule):
         opt = torch.optim.AdamW(model.parameters())
         opt = accelerator.prepare(opt)
         """,
+        # FSDP1 keeping the original parameter objects: the earlier optimizer still holds them
+        _HEAD + "opt = torch.optim.AdamW(model.parameters())\nmodel = FSDP(model, use_orig_params=True)",
         # the two branches of one `if`: never both
         _HEAD
         + "if args.fsdp:\n    model = FSDP(model)\nelse:\n    opt = torch.optim.AdamW(model.parameters())",
@@ -146,14 +152,18 @@ class OptimizerBeforeSharding(Rule):
         Invalid(
             _HEAD + "decay = [p for n, p in model.named_parameters() if 'bias' not in n]\n"
             "opt = torch.optim.AdamW([{'params': decay}], lr=1e-4)\nopt2 = torch.optim.AdamW(model.parameters())\n"
-            "model = FSDP(model, use_orig_params=True)",
+            "model = FSDP(model, limit_all_gathers=True)",
             line=5,
         ),
     )
 
     def check(self, model: FileModel) -> Iterator[Diagnostic]:
         shards: list[tuple[Site, str]] = [
-            (w.site, w.inner) for w in wraps(model, FSDP_CLASSES) if w.inner is not None
+            (w.site, w.inner)
+            for w in wraps(model, FSDP_CLASSES)
+            # use_orig_params=True keeps the module's own Parameter objects (their data becomes a view of
+            # the shard): an optimizer built before takes the same step (measured by the probe)
+            if w.inner is not None and not keyword_is(w.site.node, "use_orig_params", "True")
         ]
         shards.extend(sharded_in_place(model, FULLY_SHARD))
         if "fsdp" in model.source.lower():

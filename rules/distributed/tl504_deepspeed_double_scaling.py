@@ -37,7 +37,11 @@ class DeepspeedDoubleScaling(Rule):
             "Reports `engine.backward(loss)` of an engine returned by `deepspeed.initialize` when the "
             "loss was divided by a gradient-accumulation count first (`loss / gradient_accumulation_steps`"
             ", `loss /= args.grad_accum`, or `engine.backward(loss / accum)`), unless the call passes "
-            "`scale_wrt_gas=`."
+            "`scale_wrt_gas=`. There is no `--verify` probe: showing the hazard means running "
+            "DeepSpeed's engine, and on a CPU-only machine `deepspeed.initialize` first JIT-compiles "
+            "DeepSpeed's CPU communication op with a C++ toolchain (minutes, into a build cache), "
+            "which the probe's sandboxed child does not do; DeepSpeed is also not a dependency of "
+            "trainlint."
         ),
         why=(
             "`DeepSpeedEngine.backward` already divides the loss by the engine's configured "

@@ -32,8 +32,10 @@ class SamplerWithoutSetEpoch(Rule):
             "a file with a loop over epochs (its variable or iterable names an epoch) when the file "
             "never calls `set_epoch` (on the sampler, the loader's `.sampler`, or anything else). A "
             "sampler built anew inside the epoch loop with `seed=`, and one whose name or dataset's "
-            "name says evaluation (`eval_sampler`, `val_dataset`), are not reported. A training-named "
-            "sampler used only by a validation helper is still reported."
+            "name says evaluation (`eval_sampler`, `val_dataset`), are not reported, nor one built in a "
+            "helper function whose every caller in the file is named for evaluation (`get_loader` "
+            "called only from `run_validation`). A training-named sampler passed to a validation "
+            "helper is still reported."
         ),
         why=(
             "DistributedSampler shuffles with the seed `seed + epoch`, and its epoch stays 0 until "
@@ -82,6 +84,11 @@ class SamplerWithoutSetEpoch(Rule):
         _HEAD + "train_sampler = DistributedSampler(train_ds)\neval_sampler = DistributedSampler(eval_ds)\n"
         "for epoch in range(3):\n    train_sampler.set_epoch(epoch)\n    run(train_sampler)\n    evaluate(eval_sampler)",
         _HEAD + "sampler = DistributedSampler(val_dataset)\nfor epoch in range(3):\n    evaluate(sampler)",
+        # built in a loader helper that only the validation pass calls
+        _HEAD + "def make_loader(ds, bs):\n    picker = DistributedSampler(ds)\n"
+        "    return DataLoader(ds, batch_size=bs, sampler=picker)\n"
+        "def run_validation(net, holdout):\n    for b in make_loader(holdout, 4):\n        score(net, b)\n"
+        "for epoch in range(5):\n    fit(net)\n    run_validation(net, holdout)",
         # some other sampler class of the same name
         """
         from mylib.samplers import DistributedSampler
@@ -140,6 +147,15 @@ class SamplerWithoutSetEpoch(Rule):
             "    for b in DataLoader(ds, sampler=sampler):\n        step(b)",
             line=2,
         ),
+        # the same loader helper, called by the training pass as well
+        Invalid(
+            _HEAD + "def make_loader(ds, bs):\n    picker = DistributedSampler(ds)\n"
+            "    return DataLoader(ds, batch_size=bs, sampler=picker)\n"
+            "def run_validation(net, holdout):\n    return [score(net, b) for b in make_loader(holdout, 4)]\n"
+            "def fit(net, ds):\n    for b in make_loader(ds, 32):\n        step(net, b)\n"
+            "for epoch in range(5):\n    fit(net, ds)\n    run_validation(net, holdout)",
+            line=3,
+        ),
     )
 
     def check(self, model: FileModel) -> Iterator[Diagnostic]:
@@ -156,6 +172,7 @@ class SamplerWithoutSetEpoch(Rule):
                 literal_false(keyword(call, "shuffle"))
                 or _reseeded_per_epoch(site, call, loops)
                 or _for_evaluation(site, call)
+                or _built_for_evaluation_only(model, site)
             ):
                 continue
             yield Diagnostic(
@@ -189,8 +206,22 @@ def _for_evaluation(site: Site, call: cst.Call) -> bool:
         for small in statement.body:
             if isinstance(small, cst.Assign) and small.value is call:
                 names.extend(dotted(t.target) or "" for t in small.targets)
-    words = {w for name in names for w in re.split(r"[._]", name.lower())}
-    return bool(words & EVALUATION_WORDS)
+    return any(_evaluation_name(name) for name in names)
+
+
+def _built_for_evaluation_only(model: FileModel, site: Site) -> bool:
+    """The sampler is built in a helper whose every caller in the file is named for evaluation
+    (``get_loader`` called only from ``pretrain_validation``): an evaluation pass, whatever the
+    sampler's own name says. A helper with no caller in the file is not known to be one."""
+    scope = site.scope
+    if scope.kind != "function" or not isinstance(scope.node, cst.FunctionDef):
+        return False
+    callers = [s for s in model.calls if model.local_callee(s) is scope.node]
+    return bool(callers) and all(_evaluation_name(s.scope.name) for s in callers)
+
+
+def _evaluation_name(name: str) -> bool:
+    return bool({w for w in re.split(r"[._]", name.lower())} & EVALUATION_WORDS)
 
 
 def _reseeded_per_epoch(site: Site, call: cst.Call, loops: list[cst.CSTNode]) -> bool:

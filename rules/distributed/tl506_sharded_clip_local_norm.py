@@ -8,7 +8,7 @@ from trainlint.api import Diagnostic, Invalid, Rule, RuleDoc, Severity
 from trainlint.model import FileModel, first_arg
 from trainlint.model.training import mentions_parameters_of
 from trainlint.model.vocab import FSDP_CLASSES
-from trainlint.rules.distributed._sharding import same_owner, wraps
+from trainlint.rules.distributed._sharding import keyword_is, same_owner, wraps
 
 # The clipping functions that compute a norm over the parameters they are given (clip_grad_value_
 # clips each element by itself, which is correct on a shard).
@@ -19,6 +19,7 @@ class ShardedClipLocalNorm(Rule):
     id = "TL506"
     name = "sharded-clip-local-norm"
     severity = Severity.ERROR
+    probe = True
     WRAP = "wrap"
     summary = (
         "torch.nn.utils.clip_grad_norm_ on an FSDP1 model: each rank clips by the norm of its own shard."
@@ -31,7 +32,8 @@ class ShardedClipLocalNorm(Rule):
             "Reports `torch.nn.utils.clip_grad_norm_(model.parameters(), ...)` where `model` is bound "
             "to `FullyShardedDataParallel(...)` in the file. `model.clip_grad_norm_(...)` (FSDP's own "
             "method), FSDP2's `fully_shard` (its DTensor parameters make the torch function compute "
-            "the global norm) and `clip_grad_value_` are not reported. The tensor-parallel and "
+            "the global norm), `sharding_strategy=ShardingStrategy.NO_SHARD` (every rank holds the whole "
+            "parameters) and `clip_grad_value_` are not reported. The tensor-parallel and "
             "pipeline-stage forms of the mistake (a local norm clipped without a reduction over the "
             "group) are not detected."
         ),
@@ -64,6 +66,10 @@ class ShardedClipLocalNorm(Rule):
         "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)",
         # FSDP2: DTensor parameters, the torch function reduces over the mesh
         "import torch\nfrom torch.distributed.fsdp import fully_shard\nfully_shard(model)\n"
+        "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)",
+        # NO_SHARD: whole parameters on every rank, the local norm is the global one
+        "import torch\nfrom torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy\n"
+        "model = FSDP(net, sharding_strategy=ShardingStrategy.NO_SHARD)\n"
         "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)",
         # elementwise clipping is correct on a shard
         _HEAD + "torch.nn.utils.clip_grad_value_(model.parameters(), 0.5)",
@@ -117,7 +123,12 @@ class ShardedClipLocalNorm(Rule):
     )
 
     def check(self, model: FileModel) -> Iterator[Diagnostic]:
-        wrapped = wraps(model, FSDP_CLASSES)
+        # NO_SHARD keeps every parameter whole on every rank (DDP-like): the local norm is the global one
+        wrapped = [
+            w
+            for w in wraps(model, FSDP_CLASSES)
+            if not keyword_is(w.site.node, "sharding_strategy", "NO_SHARD")
+        ]
         if not wrapped:
             return
         for event in model.training.of_kind("clip"):

@@ -214,6 +214,8 @@ def copied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.Captu
 CASES = [
     # (project, the file named, rule, line, the other file of the related location, look-alike)
     ("checkpoint_bn", "bad_model.py", "TL203", 16, "nets/blocks.py", "good_model.py"),
+    # the checkpointed layer is a parameter; the file builds its layers from names (`globals()[name]`)
+    ("layers_by_name", "bad_tasks.py", "TL203", 26, "nets/modules.py", "good_tasks.py"),
     (
         "fp16_helper",
         "src/trainer/bad_train.py",
@@ -222,6 +224,9 @@ CASES = [
         "src/trainer/convert.py",
         "src/trainer/good_train.py",
     ),
+    # the model's constructor converts a submodule through an imported helper; built by a classmethod,
+    # returned by a builder, trained by a project Optimizer subclass built in a function it is passed to
+    ("fp16_init", "bad_train.py", "TL105", 18, "nets/model.py", "good_train.py"),
     # a loader that converts the module it returns when its flag is passed on; the look-alike leaves it off
     ("fp16_loader", "bad_train.py", "TL105", 8, "loader.py", "good_train.py"),
     ("amp_updater", "engine/bad_updater.py", "TL101", 9, "engine/trainer.py", "engine/good_updater.py"),
@@ -232,6 +237,8 @@ CASES = [
     # the look-alike detaches the backpropagated entry of the dict before keeping the dict
     ("self_step", "bad_collect.py", "TL302", 8, None, "good_collect.py"),
     ("ckpt_rng", "bad_blocks.py", "TL204", 25, "utils/checkpointing.py", "good_blocks.py"),
+    # the dropout is in an nn.Sequential(*layers) handed to a helper by the checkpointed method
+    ("ckpt_rng", "bad_sequential.py", "TL204", 24, "utils/checkpointing.py", "good_sequential.py"),
     ("two_method", "bad_trainer.py", "TL301", 15, None, "good_trainer.py"),
 ]
 
@@ -299,6 +306,47 @@ def test_dependency_key_follows_facts_not_text(tmp_path: Path) -> None:
     assert moved != first  # lines are facts too: a related location points at them
     helper.write_text("def convert(m):\n    m.float()\n")
     assert dependency_key(str(main), text) not in ("", first)
+
+
+def test_dependency_key_from_the_manifest_in_a_new_process(tmp_path: Path) -> None:
+    """A warm run digests an imported file's facts from the journal by its modification time and
+    size; a damaged journal line costs nothing but speed; a changed file is digested afresh."""
+    from trainlint.model.project import forget_indexes, index_for
+
+    project, store = tmp_path / "p", tmp_path / "store"
+    project.mkdir()
+    (project / "pyproject.toml").write_text("")
+    helper = project / "helpers.py"
+    helper.write_text("def convert(m):\n    m.half()\n")
+    main = project / "main.py"
+    text = "from helpers import convert\n"
+    main.write_text(text)
+    first = dependency_key(str(main), text, store)
+    (journal,) = store.glob("manifest-*.jsonl")
+    assert str(helper) in journal.read_text()
+    forget_indexes()  # as a new process: only the store is left
+    with journal.open("a") as extra:
+        extra.write('["garbled\n')
+    index = index_for(str(project), str(store))
+    assert index.facts_digest(helper) and index._by_stat == {}  # no file was read for it
+    assert dependency_key(str(main), text, store) == first
+    helper.write_text("def convert(m):\n    m.float()\n")
+    assert dependency_key(str(main), text, store) not in ("", first)
+
+
+def test_a_module_that_links_out_of_the_project_is_not_read(tmp_path: Path) -> None:
+    project, outside = tmp_path / "p", tmp_path / "elsewhere"
+    (project / "pkg").mkdir(parents=True)
+    outside.mkdir()
+    (project / "pyproject.toml").write_text("")
+    (outside / "helpers.py").write_text("def convert(m):\n    m.half()\n")
+    (project / "helpers.py").symlink_to(outside / "helpers.py")
+    (project / "pkg" / "inner.py").write_text("")
+    (project / "linked").symlink_to(project / "pkg")  # a link that stays inside is followed
+    view = Project.for_file(str(project / "pkg" / "inner.py"))
+    assert view is not None
+    assert view.index.module_file("helpers", project / "main.py") is None
+    assert view.index.module_file("linked.inner", project / "main.py") is not None
 
 
 def test_import_test_tells_project_imports_from_others(tmp_path: Path) -> None:

@@ -440,6 +440,20 @@ def test_tl105_frozen_backbone_by_loop_is_not_reported() -> None:
     assert run(code, "TL105") == []
 
 
+def test_tl105_freeze_that_skips_some_parameters_is_still_reported() -> None:
+    # CLIP4Clip's "freeze testing": the top layers `continue` past the freeze and train in fp16
+    code = """
+    import torch
+    model = Net().half()
+    for name, p in model.named_parameters():
+        if name.startswith("head."):
+            continue
+        p.requires_grad = False
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    """
+    assert [f.line for f in run(code, "TL105")] == [3]
+
+
 def test_tl105_inference_only_function_and_eval() -> None:
     code = """
     import torch

@@ -41,6 +41,32 @@ def test_tl505_counts_any_set_epoch_call_in_the_file() -> None:
     assert lines("TL505", code.replace("loader.sampler.set_epoch(epoch)", "run(loader)")) == [2]
 
 
+def test_tl505_sampler_of_a_helper_that_only_validation_calls() -> None:
+    # bing_bert's deepspeed_train.py: a loader helper builds `train_sampler`, but only the validation
+    # pass (called once per epoch) ever calls the helper
+    code = """
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    def build_loader(args, ds, for_eval=False):
+        train_sampler = DistributedSampler(ds)
+        return DataLoader(ds, batch_size=args.bs, sampler=train_sampler)
+
+    def epoch_validation(args, net):
+        net.eval()
+        return sum(net(b) for b in build_loader(args, held_out, for_eval=True))
+
+    for epoch in range(args.epochs):
+        train(args, net)
+        epoch_validation(args, net)
+    """
+    assert lines("TL505", code) == []
+    # the same helper also feeding the training pass is the real mistake
+    trained = code.replace(
+        "        train(args, net)", "        for b in build_loader(args, ds):\n            step(b)"
+    )
+    assert lines("TL505", trained) == [4]
+
+
 def test_tl504_engine_count_copied_into_args_then_divided() -> None:
     # BingBertSquad's nvidia_run_squad_deepspeed.py: the engine's own count, divided under a guard
     code = """

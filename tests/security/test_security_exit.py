@@ -17,6 +17,15 @@ from trainlint.cli import main
 
 BAD = "from torch.utils.checkpoint import checkpoint\ny = checkpoint(f, x)\n"
 COMMAND = [sys.executable, "-m", "trainlint", "--no-cache"]
+# TL102 (``optimizer.step()`` beside a GradScaler): a finding that ``--fix`` leaves in place
+SCALED_LOOP = """import torch
+scaler = torch.cuda.amp.GradScaler()
+for batch in loader:
+    with torch.autocast("cuda"):
+        loss = model(batch)
+    scaler.scale(loss).backward()
+    optimizer.step()
+"""
 
 
 @pytest.fixture
@@ -41,6 +50,30 @@ def test_a_broken_pipe_keeps_the_exit_code_of_the_findings(repo, fmt) -> None:
     err = proc.stderr.read()
     assert proc.wait(timeout=300) == 1, err
     assert b"Traceback" not in err and b"Exception ignored" not in err
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [
+        (["--diff", "--unsafe-fixes", "."], 1),  # `trainlint --diff . | head -1`
+        (["--fix", "--unsafe-fixes", "--stdin-filename", "train.py", "-"], 1),  # what is left unfixed
+        (["--select", "TL9999", "."], 2),  # a usage error on stderr, `2>&1 | head`
+        ([".", "missing.py"], 2),  # a fatal problem on stderr before the findings
+    ],
+)
+def test_a_reader_gone_before_any_output_keeps_the_exit_code(repo, args, code) -> None:
+    """Stdout and stderr are a pipe nobody reads (`trainlint ... 2>&1 | true`): the first write of any
+    output fails, whatever the pipe's size or the timing."""
+    stdin = BAD + SCALED_LOOP
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run([*COMMAND, *args], cwd=repo, stdout=write, stderr=write, input=stdin.encode())
+    finally:
+        os.close(write)
+    read_normally = subprocess.run([*COMMAND, *args], cwd=repo, capture_output=True, input=stdin.encode())
+    assert read_normally.returncode == code, read_normally.stderr
+    assert proc.returncode == code
 
 
 def _children(pid: int) -> set[int]:

@@ -114,14 +114,13 @@ def test_a_file_edited_during_fix_keeps_the_edit(repo, monkeypatch, capsys) -> N
     target = repo / "train.py"
     target.write_text(BAD)
     edited = BAD + "\n# the user's edit, saved while trainlint was fixing\n"
-    real_fix_text = trainlint.fix.fix_text
+    real_write_fixed = trainlint.fix.write_fixed
 
-    def fix_and_race(*args, **kwargs):
-        outcome = real_fix_text(*args, **kwargs)
+    def race_and_write(*args, **kwargs):
         target.write_text(edited)  # the editor saves between linting and writing the fix
-        return outcome
+        return real_write_fixed(*args, **kwargs)
 
-    monkeypatch.setattr(trainlint.fix, "fix_text", fix_and_race)
+    monkeypatch.setattr(trainlint.fix, "write_fixed", race_and_write)
     code, _, err = text_run(capsys, "--fix", "--unsafe-fixes", "train.py")
     assert target.read_text() == edited
     assert "train.py: fix not applied: the file changed since it was linted" in err

@@ -6,7 +6,9 @@ results), and a repository's configuration asks for an endless timeout."""
 from __future__ import annotations
 
 import os
+import shlex
 import socket
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -164,6 +166,83 @@ def test_setsid_children_do_not_outlive_the_check() -> None:
     finally:
         for pid in _running(marker):  # only the processes this test's snippet started
             os.kill(pid, 9)
+
+
+def test_the_snippet_cannot_write_outside_its_folder_by_absolute_path(tmp_path: Path) -> None:
+    """With no mount namespace the child sees the user's file system: the guard in the child
+    (``child/confine.py``) refuses writes outside its temporary folder, and starting programs."""
+    outside = tmp_path / f"outside-{os.getpid()}-{time.monotonic_ns()}"
+    outside.mkdir()
+    (outside / "keep").write_text("mine")
+    found = details(
+        f"""
+        import os, shutil, sqlite3, subprocess, torch
+        target = {str(outside)!r}
+        attempts = {{
+            "open": lambda: open(os.path.join(target, "x"), "w").write("escaped"),
+            "os.open": lambda: os.open(os.path.join(target, "y"), os.O_WRONLY | os.O_CREAT),
+            "mkdir": lambda: os.mkdir(os.path.join(target, "d")),
+            "remove": lambda: os.remove(os.path.join(target, "keep")),
+            "rename": lambda: os.rename(os.path.join(target, "keep"), "stolen"),
+            "copy": lambda: shutil.copyfile("/dev/null", os.path.join(target, "c")),
+            "link": lambda: (os.symlink(target, "inside"), open("inside/z", "w").write("escaped")),
+            "system": lambda: os.system("touch " + os.path.join(target, "s")),
+            "subprocess": lambda: subprocess.run(["touch", os.path.join(target, "p")]),
+            "torch.save": lambda: torch.save({{"w": torch.ones(2)}}, os.path.join(target, "t.pt")),
+            "sqlite": lambda: sqlite3.connect(os.path.join(target, "db")).execute("create table t(x)"),
+        }}
+        refused, done = [], []
+        for name, attempt in attempts.items():
+            try:
+                attempt()
+                done.append(name)
+            except PermissionError:
+                refused.append(name)
+        with open("inside.txt", "w") as fh:  # its own folder stays writable
+            fh.write("fine")
+        raise RuntimeError("refused " + ",".join(refused) + "; done " + ",".join(done))
+        """
+    )
+    refused = "open,os.open,mkdir,remove,rename,copy,link,system,subprocess,torch.save,sqlite"
+    assert f"refused {refused}; done" in found, found
+    assert sorted(p.name for p in outside.iterdir()) == ["keep"]
+    assert (outside / "keep").read_text() == "mine"
+
+
+FAKE_BWRAP = """#!/bin/sh
+# records its arguments (NUL-separated, a file per run), then runs what follows ``--`` unisolated
+for arg in "$@"; do printf '%s\\0' "$arg" >> LOG.$$; done
+while [ "$#" -gt 0 ]; do arg=$1; shift; [ "$arg" = "--" ] && break; done
+exec "$@"
+"""
+
+
+@pytest.mark.skipif(not Path("/bin/sh").exists(), reason="needs a POSIX shell")
+def test_the_bubblewrap_fallback_builds_its_command(tmp_path: Path, monkeypatch) -> None:
+    """Where ``unshare`` is missing (or refused) and ``bwrap`` is installed, the child runs under
+    bubblewrap. bwrap is rarely installed where the tests run, so a fake one on PATH records the
+    command it is given and runs the child without isolating it."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "bwrap"
+    bin_dir.mkdir()
+    fake = bin_dir / "bwrap"
+    fake.write_text(FAKE_BWRAP.replace("LOG", shlex.quote(str(log))))
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))  # no unshare: the fallback is next
+    runner.isolation.cache_clear()
+    try:
+        mode, prefix = runner.isolation()
+        (verdict,) = verdicts("pass")
+    finally:
+        runner.isolation.cache_clear()
+    assert mode == "bubblewrap" and prefix[0] == str(fake)
+    runs = [record.read_text().split("\0")[:-1] for record in tmp_path.glob("bwrap.*")]
+    assert len(runs) >= 2  # the probe that isolation() runs, then the child
+    (child,) = [run for run in runs if any(arg.startswith("fd:") for arg in run)]  # the results pipe
+    options = child[: child.index("--")]
+    assert {"--unshare-net", "--unshare-pid", "--die-with-parent"} <= set(options)
+    command = child[child.index("--") + 1 :]
+    assert command[:2] == [sys.executable, "-c"]
+    assert verdict["status"] in ("confirmed", "not-reproduced"), verdict  # the child ran and answered
 
 
 def test_results_appended_by_the_snippet_are_not_believed() -> None:

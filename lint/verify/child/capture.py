@@ -12,6 +12,19 @@ records: dict[str, list] = {}
 tokens_seen: dict[int, int] = {}  # targets each mean-reduced loss averaged over, per microbatch
 batch_valid: dict[int, int] = {}  # valid tokens of each synthetic microbatch, as built
 current_loop: dict = {}  # the loop run being recorded (``begin_run``)
+# stand-ins used for names of modules the child cannot import: origin -> names (``standins.Missing``);
+# read and reset by the verdict (``compare.result``), reset again before each probe's programs
+stood_in: dict[str, list[str]] = {}
+sized_by_pattern: dict[str, float] = {}  # settings sized from the shape of their names (``standins.arg``)
+entry: list[str] = []  # how the program that ran reaches the flagged code (``entry_notes``)
+
+
+def entry_notes(notes: list[str]) -> None:
+    """The running program's entry and the settings it made; the probe has several programs (entries
+    at different depths) and only the one that runs is named in the detail."""
+    entry[:] = notes
+
+
 _micro = 0
 _counting = False
 

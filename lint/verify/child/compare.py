@@ -10,6 +10,8 @@ from functools import reduce
 
 import torch
 
+from . import capture
+
 
 @dataclass(frozen=True)
 class Tolerance:
@@ -207,7 +209,35 @@ def loop_comparison(aw: dict, ref: dict, tol: Tolerance) -> tuple[dict, list[str
 
 
 def result(status: str, detail: str, evidence: dict, fixed_matches: bool = False) -> dict:
+    detail, evidence = synthetic_note(detail, evidence)
     return {"status": status, "detail": detail, "evidence": evidence, "fixed_matches": fixed_matches}
+
+
+def _quoted(entry: str) -> str:
+    """``name (how)`` as `` `name` (how)``."""
+    name, _, how = entry.partition(" (")
+    return f"`{name}`" + (f" ({how}" if how else "")
+
+
+def synthetic_note(detail: str, evidence: dict) -> tuple[str, dict]:
+    """The detail and evidence with what the programs made up by use (stand-ins for names of modules
+    the child cannot import, sizes chosen from the shape of a name) named; the records are reset."""
+    if capture.stood_in:
+        said = "; ".join(
+            f"{', '.join(_quoted(n) for n in names)} ({origin})" for origin, names in capture.stood_in.items()
+        )
+        detail += f" [stand-ins for what cannot be imported: {said}]"
+        evidence = {**evidence, "stand_ins": {o: list(n) for o, n in capture.stood_in.items()}}
+    if capture.sized_by_pattern:
+        said = ", ".join(f"`{n}` = {v!r}" for n, v in capture.sized_by_pattern.items())
+        detail += f" [settings not in the file, chosen by name or use: {said}]"
+        evidence = {**evidence, "sized_by_name": dict(capture.sized_by_pattern)}
+    if capture.entry:
+        detail += note_text(capture.entry)
+    capture.stood_in.clear()
+    capture.sized_by_pattern.clear()
+    capture.entry.clear()
+    return detail, evidence
 
 
 def not_executable(detail: str) -> dict:

@@ -1,12 +1,16 @@
 """Data parallelism for TL501 and TL502: a real two-process gloo group on the loopback interface.
 
-The probe's child starts two worker processes (ranks 0 and 1) the first time a data-parallel probe
-runs; each is a fresh Python started with the package's ``BOOT``, as the child itself is. A job is
-run on both ranks and rank 0's verdict is reported.
+When its job holds a data-parallel probe, the probe's child forks two worker processes (ranks 0 and 1)
+before it runs any user code (as soon as the parent names such a probe, while the child waits for its
+job): they start with torch already imported, and join their group while the probes are being built. Every data-parallel probe of the child is a job of
+that pair, run on both ranks, and rank 0's verdict is reported. A pair that failed or ran out of time
+is replaced by a fresh Python started with the package's ``BOOT`` (the child is no longer clean enough
+to fork from once user code has run in it).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
@@ -31,7 +35,8 @@ from .compare import (
     result,
     verdict,
 )
-from .sandbox import VariantFailed, exec_program, seed, setup_process
+from .fsdp import FSDP_JOBS
+from .sandbox import VariantFailed, close_private_fds, exec_program, seed, setup_process
 from .standins import concat_batches, token_batches
 
 DIST_WORLD = 2
@@ -39,6 +44,16 @@ DIST_TIMEOUT_S = 15.0  # a collective that waits longer than this fails (a rank 
 TOKENS_FIX = FixWording.max_rel(
     "with the count all-reduced (and the loss multiplied by the world size)",
     raises="with the count all-reduced it raises {failure}",
+)
+_LOOPBACK = "lo0" if sys.platform == "darwin" else "lo"
+# gloo (and tensorpipe) bound to the loopback interface: nothing of the group leaves the machine
+GROUP_ENV = {"GLOO_SOCKET_IFNAME": _LOOPBACK, "MASTER_ADDR": "127.0.0.1", "TP_SOCKET_IFNAME": _LOOPBACK}
+# what every data-parallel job imports: loaded before the workers are forked
+WARM_MODULES = (
+    "torch.distributed",
+    "torch.nn.parallel.distributed",
+    "torch.distributed.algorithms.ddp_comm_hooks.default_hooks",
+    "torch._dynamo",
 )
 _sync_plan: dict[int, bool] | None = None
 _pool = None
@@ -53,39 +68,61 @@ class _Pool:
     child. Jobs and results travel through files in a private directory; the group's rendezvous is a
     ``FileStore`` there, and gloo is bound to the loopback interface: nothing leaves the machine."""
 
-    def __init__(self) -> None:
-        import subprocess
+    def __init__(self, fork: bool = False) -> None:
         import tempfile
 
         self.dir = tempfile.mkdtemp(prefix="trainlint-dist-", dir=os.getcwd())
         self.jobs = 0
         self.started = time.monotonic()
-        env = dict(os.environ)
-        loopback = "lo0" if sys.platform == "darwin" else "lo"
-        env.update({"GLOO_SOCKET_IFNAME": loopback, "MASTER_ADDR": "127.0.0.1", "TP_SOCKET_IFNAME": loopback})
-        package = os.path.dirname(os.path.abspath(__file__))
-        self.procs = []
+        self.procs: list = []
         for rank in range(DIST_WORLD):
-            with open(os.path.join(self.dir, f"stderr{rank}"), "wb") as err:
-                self.procs.append(
-                    subprocess.Popen(
-                        [
-                            sys.executable,
-                            "-c",
-                            BOOT,
-                            package,
-                            "--worker",
-                            str(rank),
-                            str(DIST_WORLD),
-                            self.dir,
-                        ],
-                        stdin=subprocess.PIPE,
-                        stdout=subprocess.DEVNULL,
-                        stderr=err,
-                        env=env,
-                        cwd=self.dir,
-                    )
-                )
+            self.procs.append(self._fork(rank) if fork else self._spawn(rank))
+
+    def _spawn(self, rank: int):
+        import subprocess
+
+        env = dict(os.environ, **GROUP_ENV)
+        package = os.path.dirname(os.path.abspath(__file__))
+        command = [sys.executable, "-c", BOOT, package, "--worker", str(rank), str(DIST_WORLD), self.dir]
+        with open(os.path.join(self.dir, f"stderr{rank}"), "wb") as err:
+            return subprocess.Popen(
+                command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=self.dir
+            )
+
+    def _fork(self, rank: int) -> _Forked:
+        """A worker forked from this process (clean: no user code has run in it yet)."""
+        read_end, write_end = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid:
+            os.close(read_end)
+            return _Forked(pid, write_end)
+        code = 1
+        try:
+            # nothing of the child's may reach the worker's user code: the results and job pipes, the
+            # job pipes of the other worker, this pipe's write end
+            close_private_fds()
+            os.close(write_end)
+            for proc in self.procs:
+                proc.stdin.close()
+            os.dup2(read_end, 0)
+            os.close(read_end)
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 1)
+            err = os.open(
+                os.path.join(self.dir, f"stderr{rank}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600
+            )
+            os.dup2(err, 2)
+            os.close(null)
+            os.close(err)
+            os.chdir(self.dir)
+            os.environ.update(GROUP_ENV)
+            code = serve(rank, DIST_WORLD, self.dir)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)  # never back into the child's own probe loop
 
     def alive(self) -> bool:
         return all(p.poll() is None for p in self.procs)
@@ -142,7 +179,42 @@ class _Pool:
                 proc.wait(timeout=5)
             except Exception:
                 pass
+            if proc.stdin is not None:
+                try:
+                    proc.stdin.close()
+                except OSError:
+                    pass
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class _Forked:
+    """A forked worker, seen through the part of ``subprocess.Popen`` the pool uses."""
+
+    def __init__(self, pid: int, stdin_fd: int) -> None:
+        self.pid = pid
+        self.stdin = os.fdopen(stdin_fd, "wb")
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                self.returncode = -1
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signal.SIGKILL)
+
+    def wait(self, timeout: float) -> int | None:
+        deadline = time.monotonic() + timeout
+        while self.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.returncode
 
 
 def close_pool() -> None:
@@ -152,9 +224,38 @@ def close_pool() -> None:
         _pool = None
 
 
+def _can_fork() -> bool:
+    """Forking is safe only from a process with one thread (a lock another thread holds would stay
+    held in the copy); where the threads cannot be counted, the workers are started afresh."""
+    if not hasattr(os, "fork") or not sys.platform.startswith("linux"):
+        return False
+    try:
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:
+        return False
+
+
+def warm_pool(probes: list[dict]) -> None:
+    """Start the pair now, by forking this still clean process, when a probe of the job will need it:
+    the workers skip importing torch and join their group while the other probes run.
+
+    What every data-parallel job imports (``DistributedDataParallel`` imports the compiler when it
+    wraps a module) is imported here once, before the fork, not again in each worker."""
+    global _pool
+    if _pool is not None or not any(p.get("driver") in DIST_JOBS for p in probes):
+        return
+    fork = _can_fork()
+    if fork:
+        for name in WARM_MODULES:
+            importlib.import_module(name)
+        fork = _can_fork()  # no import above may have started a thread
+    _pool = _Pool(fork=fork)
+
+
 def run_distributed(job: dict) -> list[dict]:
-    """Run ``job`` on both ranks; the pool is started on first use and replaced after a failure. The
-    probe's own alarm ends a run that takes too long (the pool's deadline is only a fallback)."""
+    """Run ``job`` on both ranks; the pool is started on first use (unless ``warm_pool`` started it)
+    and replaced after a failure. The probe's own alarm ends a run that takes too long (the pool's
+    deadline is only a fallback)."""
     global _pool
     remaining = signal.getitimer(signal.ITIMER_REAL)[0]
     budget = (remaining + 5.0) if remaining > 0 else 60.0
@@ -326,7 +427,7 @@ def _job_tokens(probe: dict) -> dict:
     return {"tokens": tokens, **verdict(not cmp["match"], detail, ev, fixed, probe.get("notes", []))}
 
 
-DIST_JOBS = {"ddp_sync": _job_sync, "ddp_tokens": _job_tokens}
+DIST_JOBS = {"ddp_sync": _job_sync, "ddp_tokens": _job_tokens, **FSDP_JOBS}
 
 
 def drive_distributed(probe: dict) -> dict:
@@ -349,12 +450,16 @@ def drive_distributed(probe: dict) -> dict:
 
 
 def worker_main(argv: list[str]) -> int:
+    """A rank of the data-parallel pool started afresh (``BOOT ... --worker RANK WORLD DIR``)."""
+    return serve(int(argv[0]), int(argv[1]), argv[2])
+
+
+def serve(rank: int, world: int, directory: str) -> int:
     """One rank of the data-parallel pool: join the group, then run jobs named on stdin."""
     import datetime
 
     import torch.distributed as dist
 
-    rank, world, directory = int(argv[0]), int(argv[1]), argv[2]
     state.RANK, state.WORLD = rank, world
     setup_process("cpu")
     store = dist.FileStore(os.path.join(directory, "store"), world)

@@ -89,6 +89,9 @@ def run_variants(probe: dict, names: tuple[str, ...], run) -> tuple[dict, dict]:
     )
     chosen = 0
     first_failure: str | None = None
+    capture.stood_in.clear()  # what an earlier probe left unreported
+    capture.sized_by_pattern.clear()
+    capture.entry.clear()
     for index in range(len(alternatives)):
         try:
             ns = exec_program(_alt(programs["reference"], index), "reference")
@@ -105,6 +108,7 @@ def run_variants(probe: dict, names: tuple[str, ...], run) -> tuple[dict, dict]:
                 first_failure = str(exc)
     else:
         return {}, {"reference": first_failure or "no program"}
+    probe["chosen"] = chosen  # the drivers read what the chosen program synthesised
     runs = {"reference": reference}
     failures: dict[str, str] = {}
     for name in names:
@@ -154,7 +158,7 @@ def drive_grads(probe: dict) -> dict:
     requiring grad (as activations of an earlier layer would): the verdict is the first run's, and
     the detail names the inputs it synthesised and what the other state gives."""
     first = _grads_once(probe)
-    inputs = SYNTHETIC_FLOAT.findall(_alt(probe["programs"]["reference"], 0))
+    inputs = SYNTHETIC_FLOAT.findall(_alt(probe["programs"]["reference"], probe.get("chosen", 0)))
     if not inputs or first["status"] == "not-executable":
         return first
     state.INPUTS_REQUIRE_GRAD = True

@@ -1,21 +1,36 @@
-"""The child's entry point (``BOOT`` runs ``main``): read the job, run each probe under its time limit,
-append one JSON result per probe to the results file. Results go to a file, so that whatever user code
+"""The child's entry point (``BOOT`` runs ``main``): wait until the parent releases the job (torch and
+the compiler are imported meanwhile), read it, run each probe under its time limit, send one JSON
+result per probe down the results pipe. Results travel apart from stdout, so that whatever user code
 prints can never be mistaken for one."""
 
 from __future__ import annotations
 
 import json
+import os
 import time
 import traceback
 
 import torch
 
 from .compare import not_executable, result
-from .distributed import close_pool, drive_distributed, worker_main
+from .confine import install as confine_writes
+from .distributed import close_pool, drive_distributed, warm_pool, worker_main
 from .drivers import drive_accumulation, drive_grads, drive_half, drive_rng, drive_side_effects, drive_step
+from .fsdp import FSDP_JOBS
+from .hf import drive_hf_checkpointing
 from .loop_drivers import drive_graph, drive_loop
 from .sampler_order import drive_sampler_order
-from .sandbox import ProbeTimeout, VariantFailed, results_channel, seed, setup_process, time_limit
+from .sandbox import (
+    ProbeTimeout,
+    VariantFailed,
+    close_private_fd,
+    load_compiler,
+    private_fd,
+    results_channel,
+    seed,
+    setup_process,
+    time_limit,
+)
 
 DRIVERS = {
     "grads": drive_grads,
@@ -29,6 +44,8 @@ DRIVERS = {
     "ddp_sync": drive_distributed,
     "ddp_tokens": drive_distributed,
     "sampler_order": drive_sampler_order,
+    **{name: drive_distributed for name in FSDP_JOBS},
+    "hf_checkpointing": drive_hf_checkpointing,
 }
 
 
@@ -54,7 +71,24 @@ def run_probe(probe: dict, timeout: float) -> dict:
     return out
 
 
+def _wait_for_job(fd: int) -> None:
+    """The parent starts the child before the job exists (torch is imported meanwhile), names on this
+    pipe the driver of each kind of probe it builds, one a line, and closes it once the job file is
+    written. A driver that needs the data-parallel workers starts them at once (no user code has run
+    yet), while the parent goes on building."""
+    pending = b""
+    private_fd(fd)
+    try:
+        while chunk := os.read(fd, 4096):
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                warm_pool([{"driver": line.decode("utf-8", "replace")}])
+    finally:
+        close_private_fd(fd)
+
+
 def main(argv: list[str]) -> int:
+    confine_writes()  # before any user code, and inherited by the forked data-parallel workers
     if argv and argv[0] == "--worker":
         return worker_main(argv[1:])
     try:
@@ -65,8 +99,12 @@ def main(argv: list[str]) -> int:
 
 def _main(argv: list[str]) -> int:
     spec_path, send = argv[0], results_channel(argv[1])  # before any user code runs
+    load_compiler()
+    if len(argv) > 2 and argv[2].startswith("wait:"):
+        _wait_for_job(int(argv[2][5:]))
     with open(spec_path, encoding="utf-8") as fh:
         job = json.load(fh)
+    warm_pool(job["probes"])  # forks: before CUDA is touched and before any user code runs
     requested = device = job["device"]
     if device in ("auto", "cuda"):
         device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -25,6 +25,12 @@ import torch
 
 from . import capture, state
 
+# descriptors of the child that no process forked from it may keep (the results pipe, the pipe the
+# job is released through): a forked data-parallel worker closes them before it runs any user code
+_private_fds: set[int] = set()
+# read by the compiler's configuration when it is first imported (its ``deterministic`` flag)
+COMPILER_DETERMINISTIC = "TORCHINDUCTOR_DETERMINISTIC"
+
 
 class UnboundName(BaseException):
     """A name the harness could not bind was used by the snippet."""
@@ -79,7 +85,7 @@ def setup_process(device: str) -> None:
     state.DEVICE = device
     state.LOW_DTYPE = torch.float16 if device == "cuda" else torch.bfloat16
     torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    deterministic()
     if device == "cuda":
         torch.backends.cudnn.benchmark = False
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -89,6 +95,34 @@ def setup_process(device: str) -> None:
     capture.install_token_counter()
     if device == "cpu":
         _cpu_only_patches()
+
+
+def deterministic() -> None:
+    """Deterministic algorithms (warnings only), without importing the compiler.
+
+    ``torch.use_deterministic_algorithms`` imports ``torch._inductor`` (and with it ``torch._dynamo``),
+    over a second of the child's start-up, only to set the compiler's ``deterministic`` flag; that
+    flag is read from ``TORCHINDUCTOR_DETERMINISTIC`` when the compiler is first imported, so setting
+    the variable and the core switch gives the same mode. Where the switch is missing, or the compiler
+    is already loaded (the variable would come too late), the public call does it all."""
+    os.environ[COMPILER_DETERMINISTIC] = "1"
+    switch = getattr(torch._C, "_set_deterministic_algorithms", None)
+    if switch is not None and "torch._inductor.config" not in sys.modules:
+        try:
+            switch(True, warn_only=True)
+            return
+        except TypeError:  # another signature in another torch release
+            pass
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def load_compiler() -> None:
+    """Import the compiler (``torch._dynamo``, which loads the inductor's configuration) now, in its
+    deterministic mode. The first optimizer step, checkpoint or DDP wrap of a probe imports it anyway,
+    over a second, and would do so inside that probe's time limit; the child does it while it waits
+    for its job, when the import overlaps the parent's building of the probes."""
+    os.environ[COMPILER_DETERMINISTIC] = "1"
+    importlib.import_module("torch._dynamo")
 
 
 def results_channel(target: str) -> Callable[[dict], None]:
@@ -103,6 +137,7 @@ def results_channel(target: str) -> Callable[[dict], None]:
         return append
     inherited = int(target[3:])
     fd = os.dup(inherited)  # not inheritable
+    _private_fds.add(fd)
     os.close(inherited)
 
     def send(item: dict) -> None:
@@ -111,6 +146,28 @@ def results_channel(target: str) -> Callable[[dict], None]:
             data = data[os.write(fd, data) :]
 
     return send
+
+
+def private_fd(fd: int) -> int:
+    """Mark ``fd`` as the child's alone (see ``close_private_fds``) until ``close_private_fd``."""
+    _private_fds.add(fd)
+    return fd
+
+
+def close_private_fd(fd: int) -> None:
+    _private_fds.discard(fd)  # first: the number may be reused once it is closed
+    os.close(fd)
+
+
+def close_private_fds() -> None:
+    """In a process forked from the child (a data-parallel worker): the results pipe and the job pipe
+    are the child's alone, so that the user code the worker runs cannot write a result."""
+    for fd in sorted(_private_fds):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _private_fds.clear()
 
 
 def _loopback_up() -> None:

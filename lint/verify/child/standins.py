@@ -4,12 +4,29 @@ the loop helpers (schedulers, loaders, context managers) a loop probe replaces."
 
 from __future__ import annotations
 
+import inspect
 import math
+import re
 
 import torch
 
 from . import capture, state
 from .sandbox import Unbound
+
+
+def _quiet_profiler_marks() -> None:
+    """NVTX range markers raise on a build of PyTorch without CUDA; they only annotate profiles, so
+    there they do nothing (model code calls them in ``forward``)."""
+    nvtx = torch.cuda.nvtx
+    try:
+        nvtx.range_push("trainlint")
+        nvtx.range_pop()
+    except RuntimeError:
+        for name in ("range_push", "range_pop", "mark", "range_start", "range_end"):
+            setattr(nvtx, name, lambda *args, **kwargs: None)
+
+
+_quiet_profiler_marks()
 
 # Sizes of every synthetic tensor: batch, sequence, width, vocabulary.
 B, T, D, V = 2, 6, 8, 16
@@ -74,115 +91,130 @@ def _layer(kind: str = "", **kwargs) -> torch.nn.Module:
     return Layer()
 
 
-# Small values for constructor parameters and config fields, chosen by exact name. A name that is
-# none of these is left unbound (any use reports it) rather than guessed.
-_SIZES: dict[object, tuple[str, ...]] = {
-    D: (
-        "dim",
-        "d",
-        "d_model",
-        "model_dim",
-        "hidden",
-        "hidden_size",
-        "hidden_dim",
-        "n_embd",
-        "embed_dim",
-        "embedding_dim",
-        "emb_dim",
-        "embed_size",
-        "emb_size",
-        "width",
-        "channels",
-        "in_channels",
-        "out_channels",
-        "in_features",
-        "out_features",
-        "features",
-        "num_features",
-        "in_dim",
-        "out_dim",
-        "n_state",
-        "d_hidden",
-        "size",
-        "input_size",
-        "output_size",
-        "input_dim",
-        "output_dim",
-        "head_dim",
+# Small values for constructor parameters and config fields, chosen by exact name (then by the shape
+# of the name, ``_SIZE_PATTERNS``). Pairs, not a dict: two sizes may be equal (2 * D == V).
+_SIZES: tuple[tuple[object, tuple[str, ...]], ...] = (
+    (
+        D,
+        (
+            "dim",
+            "d",
+            "d_model",
+            "model_dim",
+            "hidden",
+            "hidden_size",
+            "hidden_dim",
+            "n_embd",
+            "embed_dim",
+            "embedding_dim",
+            "emb_dim",
+            "embed_size",
+            "emb_size",
+            "width",
+            "channels",
+            "in_channels",
+            "out_channels",
+            "in_features",
+            "out_features",
+            "features",
+            "num_features",
+            "in_dim",
+            "out_dim",
+            "n_state",
+            "d_hidden",
+            "size",
+            "input_size",
+            "output_size",
+            "input_dim",
+            "output_dim",
+            "head_dim",
+        ),
     ),
-    2 * D: (
-        "intermediate_size",
-        "ffn_dim",
-        "ffn_hidden_size",
-        "mlp_dim",
-        "d_ff",
-        "ff_dim",
-        "hidden_features",
-        "n_inner",
-        "inner_dim",
-        "dim_feedforward",
-        "mlp_hidden_dim",
+    (
+        2 * D,
+        (
+            "intermediate_size",
+            "ffn_dim",
+            "ffn_hidden_size",
+            "mlp_dim",
+            "d_ff",
+            "ff_dim",
+            "hidden_features",
+            "n_inner",
+            "inner_dim",
+            "dim_feedforward",
+            "mlp_hidden_dim",
+        ),
     ),
-    V: ("vocab", "vocab_size", "n_vocab", "num_embeddings", "num_tokens", "n_tokens", "padded_vocab_size"),
-    2: (
-        "depth",
-        "layers",
-        "n_layer",
-        "n_layers",
-        "num_layers",
-        "num_hidden_layers",
-        "n_blocks",
-        "num_blocks",
-        "heads",
-        "n_head",
-        "n_heads",
-        "nhead",
-        "num_heads",
-        "num_attention_heads",
-        "mlp_ratio",
-        "segments",
-        "chunks",
-        "n_chunks",
-        "expansion",
-        "ffn_mult",
+    (V, ("vocab", "vocab_size", "n_vocab", "num_embeddings", "num_tokens", "n_tokens", "padded_vocab_size")),
+    (
+        2,
+        (
+            "depth",
+            "layers",
+            "n_layer",
+            "n_layers",
+            "num_layers",
+            "num_hidden_layers",
+            "n_blocks",
+            "num_blocks",
+            "heads",
+            "n_head",
+            "n_heads",
+            "nhead",
+            "num_heads",
+            "num_attention_heads",
+            "mlp_ratio",
+            "segments",
+            "chunks",
+            "n_chunks",
+            "expansion",
+            "ffn_mult",
+        ),
     ),
-    1: ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "n_query_groups"),
-    2 * T: (
-        "block_size",
-        "max_len",
-        "max_seq_len",
-        "seq_len",
-        "context_length",
-        "max_position_embeddings",
-        "n_positions",
-        "n_ctx",
-        "max_length",
-        "seq_length",
+    (1, ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "n_query_groups")),
+    (
+        2 * T,
+        (
+            "block_size",
+            "max_len",
+            "max_seq_len",
+            "seq_len",
+            "context_length",
+            "max_position_embeddings",
+            "n_positions",
+            "n_ctx",
+            "max_length",
+            "seq_length",
+        ),
     ),
-    3: ("num_classes", "n_classes", "num_labels", "n_labels"),
-    0.1: (
-        "dropout",
-        "p",
-        "drop",
-        "pdrop",
-        "resid_pdrop",
-        "attn_pdrop",
-        "embd_pdrop",
-        "drop_rate",
-        "attn_drop",
-        "proj_drop",
-        "hidden_dropout_prob",
-        "attention_probs_dropout_prob",
-        "attention_dropout",
-        "hidden_dropout",
-        "dropout_rate",
-        "dropout_p",
-        "dropout_prob",
+    (3, ("num_classes", "n_classes", "num_labels", "n_labels")),
+    (
+        0.1,
+        (
+            "dropout",
+            "p",
+            "drop",
+            "pdrop",
+            "resid_pdrop",
+            "attn_pdrop",
+            "embd_pdrop",
+            "drop_rate",
+            "attn_drop",
+            "proj_drop",
+            "hidden_dropout_prob",
+            "attention_probs_dropout_prob",
+            "attention_dropout",
+            "hidden_dropout",
+            "dropout_rate",
+            "dropout_p",
+            "dropout_prob",
+        ),
     ),
-    1e-5: ("eps", "epsilon", "layer_norm_eps", "rms_norm_eps", "layer_norm_epsilon", "norm_eps"),
-    0.02: ("initializer_range", "init_std"),
-}
-_BY_NAME = {name: value for value, names in _SIZES.items() for name in names}
+    (1e-5, ("eps", "epsilon", "layer_norm_eps", "rms_norm_eps", "layer_norm_epsilon", "norm_eps")),
+    (0.02, ("initializer_range", "init_std")),
+)
+_BY_NAME = {name: value for value, names in _SIZES for name in names}
 _BY_NAME.update(
     {"hidden_act": "gelu", "activation": "gelu", "act_fn": "gelu", "bias": True, "use_bias": True}
 )
@@ -217,7 +249,40 @@ def arg(name: str, written=_MISSING):
         return _BY_NAME[low]
     if written is not _MISSING and isinstance(written, int | float) and abs(written) <= 64:
         return written
-    return Unbound(name)
+    for pattern, value in _SIZE_PATTERNS:
+        if pattern.search(low):
+            capture.sized_by_pattern[name] = value  # named in the detail (``compare.result``)
+            return value
+    return Unset(name)
+
+
+class Unset(Unbound):
+    """A setting whose value is neither in the file nor known by its name. Asked only whether it is
+    on (``if args.sparse_attention:``), it is off, as an optional feature left unset is; the choice
+    is named in the detail. Any other use is reported as unbound."""
+
+    def __bool__(self) -> bool:
+        capture.sized_by_pattern[object.__getattribute__(self, "_tl_name")] = False
+        return False
+
+
+# sizes for names the table above does not list, by the shape of the name (``type_vocab_size``,
+# ``num_input_features``, ``pad_token_id``); the first pattern that matches decides
+_SIZE_PATTERNS = (
+    (re.compile(r"(kernel|patch|window|pool)_size$|stride$"), 1),
+    (re.compile(r"vocab(_size)?$|^n_?tokens$"), V),
+    (re.compile(r"(_token_id|_idx|_index)$"), 0),
+    (re.compile(r"(drop|dropout)(_prob|_rate|_p)?$|_pdrop$"), 0.1),
+    (re.compile(r"^(n|num)_\w*(layers|blocks|heads|groups|experts)$"), 2),
+    (re.compile(r"(eps|epsilon)$"), 1e-5),
+    (re.compile(r"accum"), 4),  # an accumulation count
+    (
+        re.compile(
+            r"(_size|_dim|_features|_channels|_width|_embd|_hidden|_planes)$|^(d|n)_(model|embd|hidden)$"
+        ),
+        D,
+    ),
+)
 
 
 class Config:
@@ -247,6 +312,17 @@ class Config:
     def get(self, key, default=None):
         value = getattr(self, key)
         return default if isinstance(value, Unbound) else value
+
+
+def config_as(cls: type, name: str = "config") -> Config:
+    """A settings stand-in that is an instance of the file's own settings class ``cls`` (the code
+    checks it with ``isinstance``); its fields still come by name, its ``__init__`` is not run."""
+    kind = type(
+        cls.__name__, (Config, cls), {"__getattr__": Config.__getattr__, "__setattr__": Config.__setattr__}
+    )
+    made = object.__new__(kind)
+    Config.__init__(made, name)
+    return made
 
 
 def set_path(root, path: str, value) -> None:
@@ -385,6 +461,10 @@ class Backward:
 VALID_LENGTHS = [(6, 5), (2, 1), (5, 3), (1, 1), (6, 6), (3, 2), (4, 1), (2, 2)]
 
 
+# the keywords a model takes its token ids by (torchtune's batches hold "tokens")
+_IDS_KEYS = ("input_ids", "idx", "tokens", "input_tokens", "token_ids")
+
+
 class TinyLM(torch.nn.Module):
     """A language model stand-in: embedding then a linear head over the vocabulary. Called as
     ``model(ids)`` it returns logits; in ``"output"`` mode an object with ``.logits`` and (given
@@ -400,11 +480,14 @@ class TinyLM(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        ids = kwargs.get("input_ids", kwargs.get("idx", tensors[0] if tensors else None))
+        ids = next((kwargs[k] for k in _IDS_KEYS if k in kwargs), tensors[0] if tensors else None)
         labels = kwargs.get("labels", kwargs.get("targets", tensors[1] if len(tensors) > 1 else None))
         if ids is None:
             raise TypeError("stand-in language model called without token ids")
         logits = self.head(torch.tanh(self.embed(ids)))
+        chunk = kwargs.get("lm_head_chunk_size")
+        if isinstance(chunk, int) and chunk > 0 and self.mode == "logits":
+            return list(logits.split(chunk, dim=1))  # the call asks for the head's output in chunks
         loss = None
         if labels is not None:
             loss = torch.nn.functional.cross_entropy(
@@ -417,7 +500,9 @@ class TinyLM(torch.nn.Module):
         return logits
 
 
-def token_batches(k: int) -> list[dict]:
+def token_batches(k: int, ignore: int = -100) -> list[dict]:
+    """K microbatches of padded token ids; labels of padding are ``ignore`` (the loss's
+    ``ignore_index``)."""
     capture.batch_valid.clear()
     out = []
     for i in range(k):
@@ -427,7 +512,7 @@ def token_batches(k: int) -> list[dict]:
         for row, n in enumerate(lengths):
             mask[row, :n] = 1
         ids = ids * mask  # padding id 0
-        labels = ids.masked_fill(mask == 0, -100)
+        labels = ids.masked_fill(mask == 0, ignore)
         capture.batch_valid[i] = int(mask.sum())
         out.append(
             {
@@ -491,6 +576,105 @@ class NullContext:
 
     def __exit__(self, *exc) -> bool:
         return False
+
+
+class Missing(Unbound):
+    """Stands for a name imported from a module the child cannot import (a library that is not
+    installed, or the user's own package). What it does follows how the code uses it: a decorator
+    (``@traced``, ``@register("x")``) leaves the function or class as it is, a base class is an
+    ``nn.Module`` that takes any arguments, attributes are stand-ins of the same module, and a call
+    with only literal arguments gives another stand-in. Anything that would need what the library
+    does (a call on the program's objects, arithmetic, a truth value) is reported naming it. Every use is
+    recorded in ``capture.stood_in`` so that the detail names the stand-in."""
+
+    def __init__(self, name: str, origin: str) -> None:
+        super().__init__(name)
+        object.__setattr__(self, "_tl_origin", origin)
+
+    def _used(self, how: str = "") -> None:
+        name = object.__getattribute__(self, "_tl_name") + how
+        if name.endswith("()"):
+            return  # what a factory returned: the factory is named already
+        origin = object.__getattribute__(self, "_tl_origin")
+        capture.stood_in.setdefault(origin, [])
+        if name not in capture.stood_in[origin]:
+            capture.stood_in[origin].append(name)
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        name = object.__getattribute__(self, "_tl_name")
+        return Missing(f"{name}.{attr}", object.__getattribute__(self, "_tl_origin"))
+
+    def __call__(self, *args, **kwargs):
+        name = object.__getattribute__(self, "_tl_name")
+        if _LOSS_NAMES.search(name.rsplit(".", 1)[-1]) and len(args) >= 2:
+            self._used(" (as a token-mean cross-entropy)")
+            return token_mean_loss(*args[:2], **kwargs)
+        self._used()
+        if len(args) == 1 and not kwargs and (isinstance(args[0], type) or inspect.isfunction(args[0])):
+            return args[0]  # used as a decorator
+        if not all(_descriptive(v) for v in [*args, *kwargs.values()]):
+            # called on the program's objects (a model, tensors, an optimizer): what it would do to
+            # them is unknown, and doing nothing could decide the verdict
+            self._fail()
+        name = object.__getattribute__(self, "_tl_name")
+        return Missing(f"{name}()", object.__getattribute__(self, "_tl_origin"))  # a decorator factory
+
+    def __mro_entries__(self, bases):
+        self._used()
+        return (MissingBase,)
+
+
+def _descriptive(value) -> bool:
+    """An argument that describes rather than computes: a literal, a class, another stand-in (what
+    decorator factories take: ``@add_docstrings(output_type=ModelOutput, config_class=...)``)."""
+    if isinstance(value, list | tuple):
+        return all(_descriptive(v) for v in value)
+    return isinstance(value, str | int | float | bool | None | type | Missing)
+
+
+# a loss the child cannot import, known by its name: called on (logits, targets) it is a token mean
+_LOSS_NAMES = re.compile(r"cross_entropy|nll_loss")
+
+
+def token_mean_loss(logits, targets, ignore_index: int = -100, **_options):
+    """Cross-entropy averaged over the targets that are not ``ignore_index``; logits may come in chunks
+    along the sequence (a list), as chunked heads give them."""
+    if isinstance(logits, list | tuple):
+        logits = torch.cat(list(logits), dim=-2)
+    return torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=ignore_index
+    )
+
+
+class MissingBase(torch.nn.Module):
+    """A base class from a module the child cannot import: a module that accepts any constructor
+    arguments (a first non-tensor one is kept as ``config``, as model base classes do)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__()
+        if args and not isinstance(args[0], torch.Tensor):
+            self.config = args[0]
+
+
+def on_path(folder: str) -> None:
+    """Let the program import the user's own package from the project's folder (last on the path, so
+    that it never shadows a library)."""
+    import sys
+
+    if folder not in sys.path:
+        sys.path.append(folder)
+
+
+def missing(name: str, target: str) -> Missing:
+    """The stand-in for ``name``, imported as ``target`` (a dotted path; relative for the user's own
+    package)."""
+    own = target.startswith(".")
+    module = target.rsplit(".", 1)[0] if "." in target.lstrip(".") else target
+    origin = f"`{module}`, the user's own package" if own else f"`{module.split('.')[0]}`, not installed here"
+    qualified = name if target.startswith(name + ".") or target == name else target
+    return Missing(qualified, origin)
 
 
 class Loader(Unbound):

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trainlint.verify.context import ProbeContext
-from trainlint.verify.probes import accumulation, amp, checkpoint, distributed, sharding
+from trainlint.verify.probes import accumulation, amp, checkpoint, distributed, hf, sharding
 
 Probe = Callable[[ProbeContext], dict[str, Any]]
 
@@ -24,16 +24,20 @@ PROBES: dict[str, Probe] = {
     "TL103": amp.tl103,
     "TL104": amp.tl104,
     "TL105": amp.tl105,
+    "TL110": sharding.tl110,
     "TL201": checkpoint.tl201,
     "TL202": checkpoint.tl202,
     "TL203": checkpoint.tl203,
     "TL204": checkpoint.tl204,
+    "TL205": hf.tl205,
     "TL301": accumulation.tl301,
     "TL302": accumulation.tl302,
     "TL303": accumulation.tl303,
     "TL501": distributed.tl501,
     "TL502": distributed.tl502,
+    "TL503": sharding.tl503,
     "TL505": sharding.tl505,
+    "TL506": sharding.tl506,
 }
 
 __all__ = ["PROBES", "Probe"]

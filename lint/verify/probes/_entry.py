@@ -57,36 +57,40 @@ def find_entry(model: FileModel, path: tuple[str | None, str]) -> tuple[cst.Clas
 def entry_programs(
     ctx: ProbeContext, site: Site, variants: dict[str, list[TextEdit]]
 ) -> tuple[dict[str, list[str]], list[str], list[str]]:
-    """Programs per variant that call the function holding ``site``. For a method there are two
-    alternatives: the user's class built by its own ``__init__`` with small sizes, and a stand-in
-    ``self`` built from how the methods use their attributes; the runtime uses the first whose
-    reference runs."""
-    path = entry_path(ctx, site.node)
-    _, entry = find_entry(ctx.model, path)
-    conditions = _site_conditions(site, entry)
-    path, conditions, below = _climb(ctx.model, path, conditions)
+    """Programs per variant that call the function holding ``site``. The entry is the outermost
+    caller the climb reaches; when it cannot be run (its own inputs, a loss with labels the probe
+    cannot build) each caller below it is tried in turn, down to the flagged function. For a method
+    there are two ways to build it: the user's class by its own ``__init__`` with small sizes, and a
+    stand-in ``self`` built from how the methods use their attributes. The runtime uses the first
+    program whose reference runs; each program records its own entry and settings for the detail."""
+    first = entry_path(ctx, site.node)
+    _, entry = find_entry(ctx.model, first)
+    steps = _climb(ctx.model, first, _site_conditions(site, entry))
     programs: dict[str, list[str]] = {}
     roots: list[str] = []
     for name, edits in variants.items():
         vmodel = ctx.variant(edits)
-        classdef, _ = find_entry(vmodel, path)
-        alternatives = []
-        builders = ("own", "synth") if classdef is not None else ("plain",)
-        failures = []
-        for how in builders:
-            try:
-                program_text, roots = _entry_program(ctx, vmodel, how, path, conditions, below)
-                alternatives.append(program_text)
-            except NotExecutable as exc:  # this way of building the entry does not apply
-                failures.append(str(exc))
+        alternatives, failures = [], []
+        for depth, (path, conditions, below) in enumerate(reversed(steps)):
+            classdef, _ = find_entry(vmodel, path)
+            notes = [f"`{k}` set to {v}" for k, v in conditions.items()]
+            notes.extend(f"`{cls}.{attr}` set to {value}" for cls, attr, value in below)
+            if path != first or depth:
+                notes.insert(0, f"run through `{'.'.join(p for p in path if p)}`")
+            if depth:
+                notes.insert(0, f"`{'.'.join(p for p in steps[-1][0] if p)}` did not run")
+            for how in ("own", "synth") if classdef is not None else ("plain",):
+                try:
+                    program_text, more = _entry_program(ctx, vmodel, how, path, conditions, below)
+                except NotExecutable as exc:  # this way of building the entry does not apply
+                    failures.append(str(exc))
+                    continue
+                alternatives.append(f"__tl__.entry_notes({notes!r})\n" + program_text)
+                roots.extend(r for r in more if r not in roots)
         if not alternatives:
             raise NotExecutable(failures[0])
         programs[name] = alternatives
-    notes = [f"`{k}` set to {v}" for k, v in conditions.items()]
-    notes.extend(f"`{cls}.{attr}` set to {value}" for cls, attr, value in below)
-    if path != entry_path(ctx, site.node):
-        notes.insert(0, f"run through `{'.'.join(p for p in path if p)}`")
-    return programs, roots, notes
+    return programs, roots, []
 
 
 def _entry_program(
@@ -105,7 +109,8 @@ def _entry_program(
     if how == "own":
         assert classdef is not None
         program.carry.carry(classdef.name.value)
-        program.setup.append(f"self = __tl__.place({constructor_call(vmodel, classdef.name.value)})")
+        construct = constructor_call(vmodel, classdef.name.value, program.carry)
+        program.setup.append(f"self = __tl__.place({construct})")
         receiver = "self"
     elif how == "synth":
         assert classdef is not None
@@ -202,15 +207,17 @@ def _map_conditions(
     return out, attrs
 
 
-def _climb(
-    model: FileModel, path: tuple[str | None, str], conditions: dict[str, bool]
-) -> tuple[tuple[str | None, str], dict[str, bool], list[tuple[str, str, bool]]]:
+Step = tuple[tuple[str | None, str], dict[str, bool], list[tuple[str, str, bool]]]
+
+
+def _climb(model: FileModel, path: tuple[str | None, str], conditions: dict[str, bool]) -> list[Step]:
     """Run the flagged code through the code that calls it in this file: a helper method through
     its class's ``forward``, a module's ``forward`` through the model that holds it. That way the
     inputs are what they are in the file (an encoder's input comes from a trainable embedding),
-    not data tensors. Returns the new entry, its conditions and attribute settings for classes
-    below it."""
+    not data tensors. Returns every entry on the way, the flagged function first: the entry, its
+    conditions and attribute settings for classes below it."""
     below: list[tuple[str, str, bool]] = []
+    steps: list[Step] = [(path, conditions, [])]
     for _ in range(4):
         cls_name, func_name = path
         if cls_name is None:
@@ -230,6 +237,7 @@ def _climb(
             new.update({f"self.{a}": v for a, v in attrs})
             new.update(_site_conditions(calls[0], forward))
             path, conditions = (cls_name, "forward"), new
+            steps.append((path, conditions, list(below)))
             continue
         holder = None
         for stmt in model.module.body:
@@ -264,4 +272,5 @@ def _climb(
             new["self.training"] = conditions["self.training"]
         new.update(_site_conditions(call_site, forward))
         path, conditions = (parent.name.value, "forward"), new
-    return path, conditions, below
+        steps.append((path, conditions, list(below)))
+    return steps

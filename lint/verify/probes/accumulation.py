@@ -7,7 +7,7 @@ from typing import Any
 
 import libcst as cst
 
-from trainlint.model import Site, dotted, in_loop, innermost_loop, split_lines
+from trainlint.model import Site, dotted, in_loop, innermost_loop, int_value, split_lines, walk
 from trainlint.rules.accumulation.tl302_loss_accumulated_with_graph import LossAccumulatedWithGraph
 from trainlint.rules.accumulation.tl303_zero_grad_every_microstep import ZeroGradEveryMicrostep
 from trainlint.verify.context import ProbeContext, replace_node
@@ -69,6 +69,9 @@ def tl301(ctx: ProbeContext) -> dict[str, Any]:
         "fixed": window_code(model.source, regions, [*blank, fixed_edit]),
     }
     parsed, callers = token_callers(model, scope, windows["as_written"])
+    ignore = loss_ignore_index(parsed) or loss_ignore_index(scope.node)
+    if ignore is not None:
+        notes.append(f"padding labels are {ignore}, the `ignore_index` of the file's loss")
     target = loss_target(division, stmt)
     stand_ins = {c: stand_in_lm(model, scope, parsed, c, notes) for c in callers}
     programs = {}
@@ -78,7 +81,7 @@ def tl301(ctx: ProbeContext) -> dict[str, Any]:
         if name == "as_written":
             notes.extend(binder.notes)
         assert binder.carry is not None
-        batches = f"__tl__.token_batches({k_value})"
+        batches = f"__tl__.token_batches({k_value}{'' if ignore is None else f', ignore={ignore}'})"
         if name == "reference":
             batches = f"[__tl__.concat_batches({batches})]"
         loop = (
@@ -109,6 +112,18 @@ def tl301(ctx: ProbeContext) -> dict[str, Any]:
         "notes": notes,
         "microbatches": k_value,
     }
+
+
+def loss_ignore_index(code: cst.CSTNode) -> int | None:
+    """The ``ignore_index`` a loss in ``code`` (the window, else its function, where the loss may be
+    built) is given as a literal, when it is not PyTorch's -100: the synthetic batches pad their
+    labels with it (a loss that ignores -1 fed -100 would fail)."""
+    for node in walk(code):
+        if isinstance(node, cst.Arg) and node.keyword is not None and node.keyword.value == "ignore_index":
+            value = int_value(node.value)
+            if value is not None and value != -100:
+                return value
+    return None
 
 
 # --------------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import libcst as cst
 
 from trainlint.model import (
     FileModel,
+    Site,
     attr_name,
     dotted,
     exclusive,
@@ -38,7 +39,7 @@ from trainlint.verify.probes._common import (
     small_statement,
 )
 from trainlint.verify.source import NotExecutable, analyse_names, call_site_at, indent
-from trainlint.verify.values import file_value
+from trainlint.verify.values import file_value, runtime_read
 from trainlint.verify.window import (
     Binder,
     optimizer_construction,
@@ -185,7 +186,7 @@ def _scaler_settings(model: FileModel, scope, scaler_expr) -> tuple[str, str, li
 CLIP_SWEEP = (0.1, 1.0, 10.0, 1000.0, 100000.0)
 
 
-def _threshold_sweep(model: FileModel, clip) -> tuple[dict[str, Any] | None, list]:
+def _threshold_sweep(model: FileModel, clip, notes: list[str]) -> tuple[dict[str, Any] | None, list]:
     """The sweep of the clip threshold and the edit that makes the window read ``__tl_sweep__``,
     when the threshold is a name or attribute chain whose value is not in the file."""
     call = clip.node
@@ -196,8 +197,17 @@ def _threshold_sweep(model: FileModel, clip) -> tuple[dict[str, Any] | None, lis
     path = dotted(expr) if expr is not None else None
     if expr is None or path is None or path in ("True", "False", "None"):
         return None, []
-    if file_value(model, clip.scope, expr) is not None or model.values_of(expr, clip.scope):
-        return None, []  # bound from the file (or computed in it): no sweep
+    found = file_value(model, clip.scope, expr)
+    if found is not None and found.code != "None":
+        return None, []  # bound from the file: no sweep
+    if found is not None:  # ``grad_norm_clip: float = None``: a placeholder filled from a config file
+        notes.append(f"{found.note(path)}: a placeholder")
+    values = model.values_of(expr, clip.scope)
+    reads = [runtime_read(model, v) for v in values]
+    if values and not all(reads):
+        return None, []  # computed in the file: no sweep
+    if reads:
+        notes.append(f"`{path}` = `{'` or `'.join(dict.fromkeys(r for r in reads if r))}`, read at run time")
     if "." not in path and model.lookup(path, clip.scope) is None:
         return None, []  # not defined anywhere: the probe names it as unbound
     return {"name": path, "values": list(CLIP_SWEEP)}, [replace_node(model, expr, "__tl_sweep__")]
@@ -234,7 +244,7 @@ def tl101(ctx: ProbeContext) -> dict[str, Any]:
     enabled, init_scale, scaler_notes = _scaler_settings(model, clip.scope, receiver(scale_call))
     notes.extend(scaler_notes)
     source = model.source
-    sweep, swept = _threshold_sweep(model, clip)
+    sweep, swept = _threshold_sweep(model, clip, notes)
     wrap = [insert_before(model, clip.node, "__tl__.record('clip', "), insert_after(model, clip.node, ")")]
     windows = {
         "as_written": window_code(source, regions, [*wrap, *swept]),
@@ -379,17 +389,34 @@ def _chain_root(call: cst.BaseExpression) -> cst.BaseExpression:
     return node
 
 
-def tl105(ctx: ProbeContext) -> dict[str, Any]:
-    """The converted model trained for a few dozen small steps by the user's optimizer vs the same
-    model kept in fp32 with an autocast forward; compares how far the parameters moved."""
+def _half_sites(ctx: ProbeContext) -> tuple[Site, Site, str, list[str]]:
+    """(conversion, optimizer, the conversion applied to the probe's model, notes). The finding sits
+    at the conversion (``model.half()``) with the optimizer related, or, when a call of this file
+    returns a model converted in another file (``load_model(..., use_fp16=True)``), at the optimizer
+    with that call related: the probe's model is then converted with ``.half()``, as the other
+    file does, and the detail says so."""
     model = ctx.model
     training = model.training
-    conversion = call_site_at(
-        model,
-        ctx.finding,
-        lambda s: training.low_precision_conversion(s.node, s.scope),  # type: ignore[arg-type]
-    )
-    optimizer_site = ctx.related(HalfInsteadOfAutocast.OPTIMIZER)
+    try:
+        conversion = call_site_at(
+            model,
+            ctx.finding,
+            lambda s: training.low_precision_conversion(s.node, s.scope),  # type: ignore[arg-type]
+        )
+    except NotExecutable:
+        conversion = ctx.related(HalfInsteadOfAutocast.CONVERSION)
+        optimizer_site = call_site_at(model, ctx.finding)  # the finding sits at the optimizer
+        elsewhere = [r for r in ctx.finding.related if r.label == HalfInsteadOfAutocast.CONVERSION]
+        where = ", ".join(
+            f"{r.path}, line {r.line}" for r in elsewhere if r.path and r.path != ctx.finding.path
+        )
+        callee = dotted(conversion.node.func) if isinstance(conversion.node, cst.Call) else None
+        note = (
+            f"`{callee or 'the call'}(...)` on line {model.position(conversion.node).start.line} returns the "
+            f"model converted to 16-bit{f' ({where})' if where else ''}: the probe's model is converted with "
+            "`.half()`"
+        )
+        return conversion, optimizer_site, "__tl_model__.half()", [note]
     call = conversion.node
     assert isinstance(call, cst.Call)
     root = _chain_root(call)
@@ -397,13 +424,26 @@ def tl105(ctx: ProbeContext) -> dict[str, Any]:
     root_code = model.code(root)
     if not call_code.startswith(root_code):
         raise NotExecutable("the converted module expression is not a simple chain")
-    converted = "__tl_model__" + call_code[len(root_code) :]
+    return (
+        conversion,
+        ctx.related(HalfInsteadOfAutocast.OPTIMIZER),
+        "__tl_model__" + call_code[len(root_code) :],
+        [],
+    )
+
+
+def tl105(ctx: ProbeContext) -> dict[str, Any]:
+    """The converted model trained for a few dozen small steps by the user's optimizer vs the same
+    model kept in fp32 with an autocast forward; compares how far the parameters moved."""
+    model = ctx.model
+    training = model.training
+    conversion, optimizer_site, converted, notes = _half_sites(ctx)
     opt_call = optimizer_site.node
     assert isinstance(opt_call, cst.Call)
     opt_code, described = optimizer_construction(
         model, opt_call, optimizer_site.scope, "__tl_model__.parameters()", strict=True
     )
-    notes = [f"optimizer {described}"]
+    notes.insert(0, f"optimizer {described}")
     uses_scaler = any(
         e.site.scope in (optimizer_site.scope, conversion.scope) for e in training.of_kind("scaled_backward")
     )
