@@ -338,7 +338,7 @@ def lint_text(text: str, path: str, options: LintOptions) -> FileResult:
         # docstrings cannot fire, and the file is not handed to libcst for it
         code = code_text(tree)
         active = [g for g in active if g.in_code(code)]
-    run = _rules_to_run(text, path, active, rules)
+    run = _rules_to_run(text, path, active, rules, tree)
     if tree is not None:
         if not run:
             return result  # CPython parsed it: no syntax error to report, no rule to run
@@ -413,16 +413,19 @@ def _depth_problem(path: str, tree: ast.Module) -> Finding | None:
     return None
 
 
-def _rules_to_run(text: str, path: str, active: list[Gate], rules: list[Gate]) -> list[type[Rule]]:
+def _rules_to_run(
+    text: str, path: str, active: list[Gate], rules: list[Gate], tree: ast.Module | None = None
+) -> list[type[Rule]]:
     """The rule classes to run on the file: the ``active`` ones, and those whose cross-file findings
-    the project index says are possible. Loads the rule modules only when there is one."""
+    the project index says are possible. Loads the rule modules only when there is one. ``tree``: the
+    gate's CPython tree of the text, which the index's summary of the file reuses."""
     crossfile = [g for g in rules if g not in active and g.can_fire_in_project(text)]
     project = Project.for_file(path) if crossfile else None
     chosen = list(active)
     if project is not None:
         # findings that rest on another file's facts need less of this file's text; most need an
         # import of a definition with the right facts too (read with ``ast``: cheaper than libcst)
-        imported = project.imported_facts(text) if any(not g.project_callers for g in crossfile) else []
+        imported = project.imported_facts(text, tree) if any(not g.project_callers for g in crossfile) else []
         reg = registry()
         chosen += [
             g

@@ -50,6 +50,12 @@ class Snippets(dict[str, tuple[str, str]]):
     def add(self, name: str, rule: str, code: str) -> None:
         self[name] = (rule, textwrap.dedent(code))
 
+    def pair(self, name: str, rule: str, code: str, old: str, new: str) -> None:
+        """``<name>_a``: the code; ``<name>_b``: the code with ``old`` replaced by ``new`` (once)."""
+        assert code.count(old) == 1, (name, old)
+        self.add(f"{name}_a", rule, code)
+        self.add(f"{name}_b", rule, code.replace(old, new))
+
     def findings(self, names: list[str]) -> tuple[list[Finding], dict[str, str]]:
         """The findings of the named snippets' rules, and the sources to verify them against."""
         sources = {f"{n}.py": self[n][1] for n in names}

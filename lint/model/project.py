@@ -16,6 +16,7 @@ package's ``__init__`` re-exports), and the callers of a function that receives 
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import json
@@ -187,21 +188,23 @@ class ProjectIndex:
     def _digest(text: str) -> str:
         return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
-    def summary_of(self, text: str) -> Summary | None:
+    def summary_of(self, text: str, tree: ast.Module | None = None) -> Summary | None:
+        """The summary of a text; ``tree`` (CPython's tree of that text, where the caller has it)
+        spares parsing it again."""
         digest = self._digest(text)
         if digest not in self._by_hash:
-            self._by_hash[digest] = self._stored(digest, text)
+            self._by_hash[digest] = self._stored(digest, text, tree)
         return self._by_hash[digest]
 
-    def _stored(self, digest: str, text: str) -> Summary | None:
+    def _stored(self, digest: str, text: str, tree: ast.Module | None = None) -> Summary | None:
         if self.store is None:
-            return summarize(text)
+            return summarize(text, tree)
         entry = self.store / digest[:2] / f"{digest}.json"
         try:
             return json.loads(entry.read_text(encoding="utf-8"))["summary"]
         except (OSError, ValueError, KeyError, TypeError, RecursionError):
             pass  # absent or damaged: summarise afresh
-        summary = summarize(text)
+        summary = summarize(text, tree)
         try:
             entry.parent.mkdir(parents=True, exist_ok=True)
             temporary = entry.with_name(f".{digest}.{os.getpid()}.tmp")
@@ -359,12 +362,13 @@ class Project:
                 return True
         return False
 
-    def imported_facts(self, text: str) -> list[Fact]:
+    def imported_facts(self, text: str, tree: ast.Module | None = None) -> list[Fact]:
         """The functions and classes of other project files that the text imports: a name imported
-        from a module, or every definition of a module imported whole."""
+        from a module, or every definition of a module imported whole. ``tree``: the text's CPython
+        tree, where the caller has parsed it (the engine's gate has)."""
         if not self.imports_from_project(text):
             return []
-        own = self.index.summary_of(text)
+        own = self.index.summary_of(text, tree)
         out: list[Fact] = []
         for target in own["imports"].values() if own else ():
             fact = self.lookup(target)

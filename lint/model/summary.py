@@ -78,6 +78,33 @@ def _root(node: ast.AST) -> str | None:
     return node.id if isinstance(node, ast.Name) else None
 
 
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _children(node: ast.AST) -> list[ast.AST]:
+    """``list(ast.iter_child_nodes(node))`` less the ``ctx`` (Load/Store) nodes, which no fact looks
+    at, and without its two generators' cost: the index walks every function of every file it reads."""
+    fields = _FIELDS.get(type(node))
+    if fields is None:
+        fields = _FIELDS[type(node)] = tuple(f for f in node._fields if f != "ctx")
+    out: list[ast.AST] = []
+    for name in fields:
+        value = getattr(node, name, None)
+        if isinstance(value, ast.AST):
+            out.append(value)
+        elif isinstance(value, list):
+            out += [item for item in value if isinstance(item, ast.AST)]
+    return out
+
+
+def _walk(node: ast.AST) -> list[ast.AST]:
+    """The nodes ``ast.walk`` yields (less ``ctx`` ones), in its breadth-first order, as a list."""
+    out = [node]
+    for item in out:  # (the list grows while it is read: a queue)
+        out += _children(item)
+    return out
+
+
 def _converts_data(fn: ast.AST) -> list[int] | None:
     """Where a function used with ``model.apply(fn)`` converts a tensor to 16-bit, if it does."""
     for node in ast.walk(fn):
@@ -107,9 +134,15 @@ class _Function:
         self.facts: dict[str, Any] = {"line": node.lineno, "params": params, "half": {}, "calls": []}
         # a local module converted to 16-bit: name -> [line, column, the parameter guarding it or None]
         self.converted: dict[str, list[Any]] = {}
-        self.guards = _guards(node, self.names)
+        self._guards: dict[int, str] | None = None  # read only for a converted local: rare
         self.siblings: dict[str, list[str]] = {}  # the names one tuple assignment binds together
         self.made_by_cls: set[str] = set()  # names assigned ``cls(...)`` (an alternative constructor)
+
+    def guard_of(self, node: ast.AST) -> str | None:
+        """The parameter of an ``if <param>:`` the node is under, if any."""
+        if self._guards is None:
+            self._guards = _guards(self.node, self.names)
+        return self._guards.get(id(node))
 
     def body_nodes(self) -> list[ast.AST]:
         """The function's own nodes in source order, not those of nested defs and classes."""
@@ -120,7 +153,9 @@ class _Function:
             out.append(node)
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
                 continue
-            stack.extend(reversed(list(ast.iter_child_nodes(node))))
+            children = _children(node)
+            children.reverse()
+            stack += children
         return out
 
     def summarise(self) -> dict[str, Any]:
@@ -178,7 +213,7 @@ class _Function:
                 if root in self.names:
                     facts["half"].setdefault(root, _where(node))
                 elif isinstance(recv, ast.Name):
-                    self.converted.setdefault(recv.id, [*_where(node), self.guards.get(id(node))])
+                    self.converted.setdefault(recv.id, [*_where(node), self.guard_of(node)])
             elif func.attr == "apply" and node.args and isinstance(node.args[0], ast.Name):
                 root = _root(recv)
                 callback = self.local_defs.get(node.args[0].id)
@@ -232,10 +267,10 @@ def _guards(function: ast.AST, params: set[str]) -> dict[int, str]:
     """The nodes under ``if <param>:`` (the param's name), so that a caller passing False is known
     to skip them."""
     out: dict[int, str] = {}
-    for node in ast.walk(function):
+    for node in _walk(function):
         if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id in params:
             for statement in node.body:
-                for inner in ast.walk(statement):
+                for inner in _walk(statement):
                     out.setdefault(id(inner), node.test.id)
     return out
 
@@ -249,8 +284,14 @@ def _class_facts(node: ast.ClassDef) -> dict[str, Any]:
     for item in node.body:
         if not isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
             continue
-        declared_global = {n for s in ast.walk(item) if isinstance(s, ast.Global) for n in s.names}
-        for sub in ast.walk(item):
+        walked = _walk(item)
+        # (globals matter to ``forward``'s effects only)
+        declared_global = (
+            {n for s in walked if isinstance(s, ast.Global) for n in s.names}
+            if item.name == "forward"
+            else set()
+        )
+        for sub in walked:
             if isinstance(sub, ast.Assign) and isinstance(sub.value, ast.Call):
                 callee = _dotted(sub.value.func)
                 for target in sub.targets:
@@ -297,9 +338,24 @@ def _track_stats(call: ast.Call) -> bool:
     )
 
 
+_HOLDERS = (ast.stmt, ast.excepthandler, ast.match_case)  # statements, and the clauses holding some
+
+
+def _statements(tree: ast.Module) -> list[ast.AST]:
+    """The statements (and the except and case clauses holding some) of ``ast.walk(tree)``, in its
+    order: no expression holds a statement, so skipping them keeps the order and saves most nodes."""
+    out: list[ast.AST] = [tree]
+    for node in out:  # (the list grows while it is read: a queue)
+        for name in node._fields:
+            value = getattr(node, name, None)
+            if isinstance(value, list):
+                out += [item for item in value if isinstance(item, _HOLDERS)]
+    return out
+
+
 def _imports(tree: ast.Module) -> dict[str, str]:
     out: dict[str, str] = {}
-    for node in ast.walk(tree):
+    for node in _statements(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.asname:
@@ -315,14 +371,16 @@ def _imports(tree: ast.Module) -> dict[str, str]:
     return out
 
 
-def summarize(text: str) -> Summary | None:
-    """The facts of one file, or None when CPython cannot parse it."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            tree = ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
+def summarize(text: str, tree: ast.Module | None = None) -> Summary | None:
+    """The facts of one file, or None when CPython cannot parse it. ``tree``: the text's tree, where
+    the caller has parsed it already (the engine's gate)."""
+    if tree is None:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                tree = ast.parse(text)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return None
     functions: dict[str, Any] = {}
     classes: dict[str, Any] = {}
     module_defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}

@@ -97,10 +97,14 @@ PARAMETER_SHARING_WRAPPERS = frozenset(
     }
 )
 # Whatever keeps fp32 master weights for a 16-bit model (matched on the last component, since these
-# are often vendored copies): apex, DeepSpeed, Megatron, MS-AMP.
+# are often vendored copies): apex, DeepSpeed, Megatron, MS-AMP. Megatron-FSDP's
+# ``fully_shard_optimizer`` steps fp32 main weights (its policy's ``main_params_dtype`` defaults to fp32).
 MASTER_WEIGHT_CALLS = frozenset(
-    {"FP16_Optimizer", "Float16OptimizerWithFloat16Params", "MixedPrecisionOptimizer", "FP16_Module"}
-)
+    {
+        "FP16_Optimizer", "Float16OptimizerWithFloat16Params", "MixedPrecisionOptimizer", "FP16_Module",
+        "fully_shard_optimizer",
+    }
+)  # fmt: skip
 MASTER_WEIGHT_INITIALIZERS = ("apex.amp.initialize", "deepspeed.initialize", "msamp.initialize")
 PARAM_CONTAINERS = frozenset(
     {

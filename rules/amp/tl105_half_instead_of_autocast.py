@@ -176,6 +176,23 @@ class HalfInsteadOfAutocast(Rule):
         opt = torch.optim.AdamW(model.parameters())
         engine, opt, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=cfg)
         """,
+        # Megatron-FSDP: the sharded optimizer steps fp32 main weights of the bf16 model
+        """
+        import torch
+        from megatron_fsdp import fully_shard, fully_shard_optimizer
+        model = Net().to(dtype=torch.bfloat16)
+        fully_shard(model, mesh=mesh)
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        fully_shard_optimizer(opt)
+        """,
+        # Megatron-FSDP with fp32 main parameters named in its policy
+        """
+        import torch
+        from megatron_fsdp import MixedPrecisionPolicy, fully_shard
+        model = Net().to(dtype=torch.bfloat16)
+        fully_shard(model, mixed_precision_policy=MixedPrecisionPolicy(main_params_dtype=torch.float32))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        """,
         # a hand-written fp32 master copy with manual loss scaling
         """
         import torch
@@ -675,7 +692,20 @@ def master_weight_machinery(model: FileModel) -> bool:
             return True
         if callee.startswith(MASTER_WEIGHT_INITIALIZERS):
             return True
+        if callee.rsplit(".", 1)[-1] == "MixedPrecisionPolicy" and fp32_main_params(call):
+            return True
     return False
+
+
+def fp32_main_params(call: cst.Call) -> bool:
+    """Megatron-FSDP's ``MixedPrecisionPolicy(main_params_dtype=torch.float32)``: the sharded
+    parameters the optimizer sees are fp32 main weights (torch's own policy has no such argument)."""
+    return any(
+        a.keyword is not None
+        and a.keyword.value == "main_params_dtype"
+        and (dotted(a.value) or "").rsplit(".", 1)[-1] in ("float32", "float")
+        for a in call.args
+    )
 
 
 def yields_parameters(model: FileModel, expr: cst.CSTNode, key: str, scope: Scope, depth: int = 0) -> bool:

@@ -21,11 +21,7 @@ VERIFY_TIMEOUT = 60
 SNIPPETS = Snippets()
 
 
-def pair(name: str, rule: str, code: str, old: str, new: str) -> None:
-    """``<name>_a``: the code; ``<name>_b``: the code with ``old`` replaced by ``new`` (once)."""
-    assert code.count(old) == 1, (name, old)
-    SNIPPETS.add(f"{name}_a", rule, code)
-    SNIPPETS.add(f"{name}_b", rule, code.replace(old, new))
+pair = SNIPPETS.pair
 
 
 # TL101: the scaler's own init_scale (PyTorch's default is 65536); a clip at 5e4 sees the scaled norm
