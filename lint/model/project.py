@@ -11,20 +11,25 @@ for questions about callers.
 ``Project`` is the view of one linted file: rules ask it (through the model) what a name defined in
 another file does. ``dependency_key`` is the part of the result cache's key that changes when the
 facts of the files a finding can rest on change: the modules the file imports (and the modules a
-package's ``__init__`` re-exports), and the callers of a function that receives a GradScaler.
+package's ``__init__`` re-exports), and the callers of a function that receives a GradScaler. Both are
+recorded in the store with the stamps of the folders and files they came from, so a warm run checks
+them with stat calls instead of resolving every import again.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import hashlib
 import json
 import os
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from stat import S_ISDIR
 from typing import Any
 
 from trainlint.model.summary import Summary, summarize
@@ -40,11 +45,14 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 def find_root(path: str | os.PathLike[str]) -> Path | None:
     """The project folder of a file: the nearest folder at or above it with a root marker."""
-    start = Path(os.path.abspath(path)).parent
-    for folder in (start, *start.parents):
-        if any((folder / marker).exists() for marker in ROOT_MARKERS):
-            return folder
-    return None
+    folder = os.path.dirname(os.path.abspath(path))
+    while True:  # (strings, not pathlib: asked for every file of a warm run)
+        if any(os.path.exists(os.path.join(folder, marker)) for marker in ROOT_MARKERS):
+            return Path(folder)
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return None
+        folder = parent
 
 
 @dataclass(frozen=True)
@@ -76,6 +84,9 @@ class ProjectIndex:
         self._stamps: dict[str, list[Any]] | None = None  # the manifest: path -> [mtime, size, facts]
         self._unsaved: list[str] = []
         self._session: tuple[str, float] = ("", 0.0)
+        # while a file's dependencies are gathered: each folder a lookup consulted -> its mtime
+        self._consulted: dict[str, int] | None = None
+        self._records: dict[str, dict[str, Any]] = {}  # slot (a path, a callers question) -> record
 
     def forget_paths(self, path: str) -> None:
         """Start a new file's lint: resolutions are kept only for the same file within a second (its
@@ -144,6 +155,61 @@ class ProjectIndex:
         finally:
             os.close(descriptor)
 
+    # -- records: the files a file's key rests on, valid while nothing they came from has moved --------
+    # Gathering a file's dependencies resolves the imports of every package ``__init__`` on the way,
+    # for every file, and its GradScaler callers summarise the whole project: most of a warm run. A
+    # record keeps such an answer with what decided it: the modification times of the folders the
+    # lookups and the walk consulted (an entry added, removed or renamed changes them) and the stamps
+    # (mtime, size) of the files read. Checking it is one stat call per folder and file (stamps kept
+    # as one string each: one comparison, and fast to read); any difference gathers afresh.
+    def recorded(self, slot: str) -> dict[str, Any] | None:
+        """The record kept under ``slot`` while every stamp in it still holds; None otherwise."""
+        record = self._records.get(slot)
+        if record is None:
+            record = self._records[slot] = self._read_record(slot) or {}
+        try:
+            if " ".join(str(_mtime(folder)) for folder in _split(record["folders"])) != record["stamps"]:
+                return None
+            files, stamps = _split(record["files"]), _split(record["file_stamps"], " ")
+            if len(files) != len(stamps) or any(_stamp(f) != s for f, s in zip(files, stamps, strict=True)):
+                return None
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return None
+        return record
+
+    def keep_record(
+        self, slot: str, folders: dict[str, int], files: dict[str, tuple[int, int]], **answer: Any
+    ) -> None:
+        """Keep ``answer`` with the stamps that decided it, unless one is too recent to tell a later
+        change in the same clock tick apart (as git treats "racy" entries): gathered afresh then."""
+        newest = max([*folders.values(), *(mtime for mtime, _ in files.values())], default=-1)
+        if newest >= time.time_ns() - 2_000_000_000:
+            return
+        record = {
+            "folders": "\0".join(folders),
+            "stamps": " ".join(str(stamp) for stamp in folders.values()),
+            "files": "\0".join(files),
+            "file_stamps": " ".join(f"{mtime},{size}" for mtime, size in files.values()),
+            **answer,
+        }
+        self._records[slot] = record
+        if self.store is not None:
+            _write_atomic(self._record_file(slot), json.dumps(record))
+
+    def _record_file(self, slot: str) -> Path:
+        assert self.store is not None
+        name = hashlib.sha256(f"{self.root}\0{slot}".encode("utf-8", "surrogatepass")).hexdigest()[:32]
+        return self.store / "deps" / name[:2] / f"{name}.json"
+
+    def _read_record(self, slot: str) -> dict[str, Any] | None:
+        if self.store is None:
+            return None
+        try:
+            record = json.loads(self._record_file(slot).read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError):
+            return None
+        return record if isinstance(record, dict) else None
+
     def summary(self, path: Path) -> Summary | None:
         try:
             stat = path.stat()
@@ -205,13 +271,7 @@ class ProjectIndex:
         except (OSError, ValueError, KeyError, TypeError, RecursionError):
             pass  # absent or damaged: summarise afresh
         summary = summarize(text, tree)
-        try:
-            entry.parent.mkdir(parents=True, exist_ok=True)
-            temporary = entry.with_name(f".{digest}.{os.getpid()}.tmp")
-            temporary.write_text(json.dumps({"summary": summary}), encoding="utf-8")
-            os.replace(temporary, entry)  # a reader never sees half an entry
-        except OSError:
-            pass  # a read-only or full disk only costs speed
+        _write_atomic(entry, json.dumps({"summary": summary}))
         return summary
 
     def all_files(self) -> list[Path]:
@@ -219,6 +279,8 @@ class ProjectIndex:
         afresh each time: files come and go between runs of one process (an editor, the tests)."""
         found: list[Path] = []
         for folder, dirs, names in os.walk(self.root):
+            if self._consulted is not None:  # its listing decides which files there are
+                self._consulted.setdefault(folder, _mtime(folder))
             dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("."))
             found.extend(Path(folder, n) for n in sorted(names) if n.endswith(".py"))
             if len(found) > _MAX_FILES:
@@ -229,10 +291,14 @@ class ProjectIndex:
         """The project file a dotted (or leading-dot relative) module name refers to."""
         question = (module, str(importer.parent))
         if question not in self._modules:
-            self._modules[question] = self._module_file(module, importer)
+            bases, parts = self._bases(module, importer)
+            if self._consulted is not None:  # (a question asked before was stamped then: memo is fresh)
+                self._stamp_folders(bases, parts)
+            self._modules[question] = self._module_file(bases, parts)
         return self._modules[question]
 
-    def _module_file(self, module: str, importer: Path) -> Path | None:
+    def _bases(self, module: str, importer: Path) -> tuple[list[str], list[str]]:
+        """The folders a module name is looked up in, in order, and its dotted parts."""
         # (plain strings: pathlib's object per step costs more than the stat calls on a warm run)
         folder = os.path.dirname(str(importer)) or "."
         if module.startswith("."):
@@ -240,11 +306,33 @@ class ProjectIndex:
             for _ in range(level - 1):
                 folder = os.path.dirname(folder) or "."
             bases = [folder]
-            module = module.lstrip(".")
         else:
             root = str(self.root)
             bases = [root, os.path.join(root, "src"), folder]
-        parts = [p for p in module.split(".") if p]
+        return bases, [p for p in module.lstrip(".").split(".") if p]
+
+    def _stamp_folders(self, bases: list[str], parts: list[str]) -> None:
+        """Note the modification time of every folder whose entries decide a lookup, before the lookup:
+        each base and the folders between it and the root, and from the base towards the candidate
+        module as far as folders exist (a missing one is an entry its parent's time covers). An entry
+        added, removed or replaced by a link in any of them changes that folder's time."""
+        assert self._consulted is not None
+        consulted, root = self._consulted, str(self.root)
+        for base in bases:
+            up = base
+            while base not in consulted and up.startswith(root + os.sep):
+                up = os.path.dirname(up)
+                if up not in consulted:
+                    consulted[up] = _mtime(up)
+            folder = base
+            for part in ["", *parts]:
+                folder = os.path.join(folder, part) if part else folder
+                if folder not in consulted:
+                    consulted[folder] = _mtime(folder)
+                if consulted[folder] < 0:
+                    break
+
+    def _module_file(self, bases: list[str], parts: list[str]) -> Path | None:
         for base in bases:
             if not parts:
                 init = os.path.join(base, "__init__.py")
@@ -470,34 +558,142 @@ def _digest(answer: object) -> str:
     return hashlib.sha256(json.dumps(answer, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def _mtime(folder: str) -> int:
+    """A folder's modification time; -1 for anything else (a file, nothing)."""
+    try:
+        info = os.stat(folder)
+    except OSError:
+        return -1
+    return info.st_mtime_ns if S_ISDIR(info.st_mode) else -1
+
+
+def _write_atomic(entry: Path, body: str) -> None:
+    """Write a store file through a temporary one renamed into place: a reader never sees half."""
+    temporary = entry.with_name(f".{entry.stem}.{os.getpid()}.tmp")
+    try:
+        try:
+            temporary.write_text(body, encoding="utf-8")
+        except FileNotFoundError:  # the folder's first entry
+            entry.parent.mkdir(parents=True, exist_ok=True)
+            temporary.write_text(body, encoding="utf-8")
+        os.replace(temporary, entry)
+    except OSError:
+        pass  # a read-only or full disk only costs speed
+
+
 def dependency_key(path: str, text: str, store: Path | None = None) -> str:
     """The digest of the other files' facts that linting ``path`` (with this text) can use: the
     summaries of the project modules it imports, and the calls of its functions made elsewhere when it
     has a function that receives a GradScaler (TL101 asks who passed it). Empty outside a project or
     when the file imports nothing of it, so such files keep their plain key."""
-    project = Project.for_file(path, text, store)
-    if project is None or project.own is None:
+    project = Project.for_file(path, None, store)
+    if project is None:
         return ""
-    parts: list[str] = []
-    seen = {str(project.path)}
-    queue = [(project.path, project.own)]
-    while queue:
-        importer, summary = queue.pop(0)
-        for target in sorted(summary["imports"].values()):
-            file = project.index.imported_file(target, importer)
-            if file is None or str(file) in seen:
-                continue
-            seen.add(str(file))
-            parts.append(f"{file}={project.index.facts_digest(file)}")
-            if file.name == "__init__.py" and len(seen) < 64:
-                facts = project.index.summary(file)
-                if facts is not None:
-                    queue.append((file, facts))  # a package re-exports: the facts are one import further
-    for name, facts in sorted(project.own["functions"].items()):
-        if "." not in name and any(receives_scaler(p) for p in facts["params"]):
-            parts.append(f"callers:{name}={_digest(project.callers(project.path, name))}")
+    parts, scaler = _dependencies(project, text)
+    for name in scaler:
+        parts.append(f"callers:{name}={_callers_digest(project, name)}")
     project.index.save_manifest()
     return _digest(parts) if parts else ""
+
+
+def _dependencies(project: Project, text: str) -> tuple[list[str], list[str]]:
+    """The project modules the file imports, through package ``__init__`` re-exports, as ``file=facts
+    digest``; and its functions that receive a GradScaler. From the file's record while it holds."""
+    index, slot = project.index, str(project.path)
+    record = index.recorded(slot)
+    try:
+        if record is not None and record["text"] == index._digest(text):
+            files, digests = _split(record["files"]), _split(record["digests"], " ")
+            scaler = record["scaler"]
+            if (
+                len(digests) == len(files)
+                and isinstance(scaler, list)
+                and all(isinstance(n, str) for n in scaler)
+            ):
+                return [f"{f}={d}" for f, d in zip(files, digests, strict=True)], list(scaler)
+    except (KeyError, TypeError, AttributeError):
+        pass  # damaged: gathered afresh
+    own = project.own = index.summary_of(text)
+    found: dict[str, tuple[int, int]] = {}
+    digests, keep = [], True
+    with _consulting(index) as folders:
+        seen = {str(project.path)}
+        queue = [(project.path, own)] if own is not None else []
+        while queue:
+            importer, summary = queue.pop(0)
+            for target in sorted(summary["imports"].values()):
+                file = index.imported_file(target, importer)
+                if file is None or str(file) in seen:
+                    continue
+                seen.add(str(file))
+                digests.append(index.facts_digest(file))
+                stamp = index._manifest().get(str(file))
+                keep = keep and stamp is not None and stamp[2] == digests[-1]  # else changed meanwhile
+                found[str(file)] = (stamp[0], stamp[1]) if stamp is not None else (-1, -1)
+                if file.name == "__init__.py" and len(seen) < 64:
+                    facts = index.summary(file)
+                    if facts is not None:
+                        queue.append((file, facts))  # a package re-exports: the facts are one import further
+    scaler = [
+        name
+        for name, facts in sorted(own["functions"].items() if own else ())
+        if "." not in name and any(receives_scaler(p) for p in facts["params"])
+    ]
+    if keep:
+        index.keep_record(
+            slot, folders, found, text=index._digest(text), digests=" ".join(digests), scaler=scaler
+        )
+    return [f"{f}={d}" for f, d in zip(found, digests, strict=True)], scaler
+
+
+def _callers_digest(project: Project, name: str) -> str:
+    """The digest of the calls of ``name`` (of the linted file) made in other project files; from its
+    record while the project's folders and every file in them are as they were."""
+    index, slot = project.index, f"{project.path}\0callers:{name}"
+    record = index.recorded(slot)
+    if record is not None and isinstance(record.get("digest"), str):
+        return str(record["digest"])
+    project._walked = None  # walked afresh: the walk's folders are stamped
+    with _consulting(index) as folders:
+        digest = _digest(project.callers(project.path, name))
+    stamps = {str(file): _file_stamp(index, file) for file in project._files()}
+    index.keep_record(slot, folders, stamps, digest=digest)
+    return digest
+
+
+@contextlib.contextmanager
+def _consulting(index: ProjectIndex) -> Iterator[dict[str, int]]:
+    """Lookups afresh (none answered from before), each stamping the folders it consults (yielded)."""
+    index._modules.clear()
+    index._consulted = folders = {}
+    try:
+        yield folders
+    finally:
+        index._consulted = None
+
+
+def _file_stamp(index: ProjectIndex, file: Path) -> tuple[int, int]:
+    """A file's (mtime, size) when its summary was read, else now; (-1, -1) when it is not there."""
+    seen = index._by_stat.get(str(file))
+    if seen is not None:
+        return seen[0]
+    try:
+        info = os.stat(file)
+    except OSError:
+        return (-1, -1)
+    return (info.st_mtime_ns, info.st_size)
+
+
+def _stamp(file: str) -> str:
+    try:
+        info = os.stat(file)
+    except OSError:
+        return "-1,-1"
+    return f"{info.st_mtime_ns},{info.st_size}"
+
+
+def _split(joined: str, separator: str = "\0") -> list[str]:
+    return joined.split(separator) if joined else []
 
 
 def receives_scaler(param: list[Any]) -> bool:
