@@ -71,6 +71,10 @@ class Snippets(dict[str, tuple[str, str]]):
 class Verified(dict[str, list[Finding]]):
     """Snippet name (or fixture path) -> its findings, verified."""
 
+    def pair(self, name: str) -> tuple[dict, dict]:
+        """The verdicts of a ``Snippets.pair``: the code as written, and with its one change."""
+        return self.one(f"{name}_a").verify, self.one(f"{name}_b").verify  # type: ignore[return-value]
+
     def one(self, name: str) -> Finding:
         found = self.get(name, [])
         assert len(found) == 1, f"{name}: expected one finding, got {[f.rule for f in found]}"

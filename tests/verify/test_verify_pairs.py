@@ -384,16 +384,12 @@ pair(
 )
 
 
-def verdicts(verified, name: str) -> tuple[dict, dict]:
-    return verified.one(f"{name}_a").verify, verified.one(f"{name}_b").verify
-
-
 def test_every_snippet_is_reported_by_its_rule(verified):
     verified.assert_each_snippet_reported_once(SNIPPETS)
 
 
 def test_tl101_uses_pytorchs_default_init_scale_and_the_files_own(verified):
-    default, small = verdicts(verified, "tl101_init_scale")
+    default, small = verified.pair("tl101_init_scale")
     assert default["status"] == "confirmed", default["detail"]
     assert default["evidence"]["loss_scale"] == 65536.0
     assert "65536" in default["detail"]
@@ -404,7 +400,7 @@ def test_tl101_uses_pytorchs_default_init_scale_and_the_files_own(verified):
 
 
 def test_tl101_scaler_switched_off_by_a_parameter_default_is_said_to_be_off(verified):
-    off, on = verdicts(verified, "tl101_enabled_default")
+    off, on = verified.pair("tl101_enabled_default")
     assert off["status"] == "not-reproduced", off["detail"]
     assert off["evidence"]["scaler_enabled"] is False
     assert "scaler is off" in off["detail"] and "default of the parameter `use_amp`" in off["detail"]
@@ -414,7 +410,7 @@ def test_tl101_scaler_switched_off_by_a_parameter_default_is_said_to_be_off(veri
 
 
 def test_tl101_threshold_set_in_init_from_a_default(verified):
-    tight, loose = verdicts(verified, "tl101_init_attribute")
+    tight, loose = verified.pair("tl101_init_attribute")
     assert tight["status"] == "confirmed", tight["detail"]
     assert "`self.clip_at` = 1.0" in tight["detail"] and "Trainer.__init__" in tight["detail"]
     assert loose["status"] == "not-reproduced", loose["detail"]
@@ -422,7 +418,7 @@ def test_tl101_threshold_set_in_init_from_a_default(verified):
 
 
 def test_tl101_threshold_not_in_the_file_is_swept_with_a_verdict_per_value(verified):
-    large, small = verdicts(verified, "tl101_swept_threshold")
+    large, small = verified.pair("tl101_swept_threshold")
     for v in (large, small):
         assert v["evidence"]["sweep"]["name"] == "args.clip"
         assert list(v["evidence"]["sweep"]["status"]) == ["0.1", "1", "10", "1000", "100000"]
@@ -437,7 +433,7 @@ def test_tl101_threshold_not_in_the_file_is_swept_with_a_verdict_per_value(verif
 
 
 def test_tl201_synthetic_input_is_named_and_run_in_both_grad_states(verified):
-    raw, projected = verdicts(verified, "tl201_synthetic_input")
+    raw, projected = verified.pair("tl201_synthetic_input")
     assert raw["status"] == "confirmed", raw["detail"]
     assert raw["evidence"]["synthetic_inputs"] == ["x"]
     # the same input as an earlier layer's output requires grad: then nothing is lost
@@ -448,7 +444,7 @@ def test_tl201_synthetic_input_is_named_and_run_in_both_grad_states(verified):
 
 
 def test_tl203_harmless_repeat_is_told_apart_from_a_growing_list(verified):
-    harmless, growing = verdicts(verified, "tl203_repeat")
+    harmless, growing = verified.pair("tl203_repeat")
     assert harmless["status"] == "not-reproduced", harmless["detail"]
     assert harmless["evidence"]["harmless_repeat"] is True
     (counts,) = harmless["evidence"]["executions"].values()
@@ -458,7 +454,7 @@ def test_tl203_harmless_repeat_is_told_apart_from_a_growing_list(verified):
 
 
 def test_tl203_global_defined_in_the_file(verified):
-    counter, same_value = verdicts(verified, "tl203_global")
+    counter, same_value = verified.pair("tl203_global")
     assert counter["status"] == "confirmed", counter["detail"]
     assert counter["evidence"]["globals"] == {"N": {"checkpointed": 2.0, "plain": 1.0}}
     assert same_value["status"] == "not-reproduced", same_value["detail"]
@@ -466,7 +462,7 @@ def test_tl203_global_defined_in_the_file(verified):
 
 
 def test_tl303_count_taken_from_init(verified):
-    four, one = verdicts(verified, "tl303_init_count")
+    four, one = verified.pair("tl303_init_count")
     assert four["status"] == "confirmed", four["detail"]
     assert "`self.accum_steps` = 4" in four["detail"]
     assert one["status"] == "not-reproduced", one["detail"]
@@ -475,7 +471,7 @@ def test_tl303_count_taken_from_init(verified):
 
 
 def test_tl303_count_unpacked_from_a_module_tuple(verified):
-    four, one = verdicts(verified, "tl303_unpacked_constant")
+    four, one = verified.pair("tl303_unpacked_constant")
     assert four["status"] == "confirmed", four["detail"]
     assert "`ACCUM` = 4 (module constant)" in four["detail"]
     assert one["status"] == "not-reproduced", one["detail"]
@@ -483,7 +479,7 @@ def test_tl303_count_unpacked_from_a_module_tuple(verified):
 
 
 def test_tl203_buffer_registered_in_init_is_built(verified):
-    counted, same = verdicts(verified, "tl203_buffer")
+    counted, same = verified.pair("tl203_buffer")
     assert counted["status"] == "confirmed", counted["detail"]
     assert counted["evidence"]["state_differs"] == ["self.block.seen"]
     assert same["status"] == "not-reproduced", same["detail"]
@@ -491,7 +487,7 @@ def test_tl203_buffer_registered_in_init_is_built(verified):
 
 
 def test_tl301_bf16_rounding_does_not_confirm_equal_token_counts(verified):
-    uneven, equal = verdicts(verified, "tl301_autocast")
+    uneven, equal = verified.pair("tl301_autocast")
     assert uneven["status"] == "confirmed", uneven["detail"]
     assert len(set(uneven["evidence"]["valid_tokens_per_microbatch"])) > 1
     assert equal["status"] == "not-reproduced", equal["detail"]
@@ -504,7 +500,7 @@ def test_tl301_bf16_rounding_does_not_confirm_equal_token_counts(verified):
 
 
 def test_tl301_stand_in_takes_the_files_vocabulary(verified):
-    uneven, equal = verdicts(verified, "tl301_file_vocabulary")
+    uneven, equal = verified.pair("tl301_file_vocabulary")
     for v in (uneven, equal):
         assert "the stand-in model's vocabulary is `VOCAB` = 32 (module constant)" in v["detail"]
         assert "`ACCUM` = 4 (module constant)" in v["detail"]
@@ -513,13 +509,13 @@ def test_tl301_stand_in_takes_the_files_vocabulary(verified):
 
 
 def test_tl302_total_reset_every_iteration_is_not_reproduced(verified):
-    kept, reset = verdicts(verified, "tl302_reset")
+    kept, reset = verified.pair("tl302_reset")
     assert kept["status"] == "confirmed", kept["detail"]
     assert reset["status"] == "not-reproduced", reset["detail"]
 
 
 def test_tl105_diverging_reference_is_inconclusive(verified):
-    small, diverging = verdicts(verified, "tl105_diverging")
+    small, diverging = verified.pair("tl105_diverging")
     assert small["status"] == "confirmed", small["detail"]
     assert diverging["status"] == "not-executable", diverging["detail"]
     assert "reference diverges too" in diverging["detail"]

@@ -413,16 +413,12 @@ pair(
 )
 
 
-def verdicts(verified, name: str) -> tuple[dict, dict]:
-    return verified.one(f"{name}_a").verify, verified.one(f"{name}_b").verify
-
-
 def test_every_snippet_is_reported_by_its_rule(verified):
     verified.assert_each_snippet_reported_once(SNIPPETS)
 
 
 def test_tl201_library_not_installed_gets_a_named_stand_in(verified):
-    decorated, called = verdicts(verified, "tl201_missing_library")
+    decorated, called = verified.pair("tl201_missing_library")
     assert decorated["status"] == "confirmed", decorated["detail"]
     assert (
         "stand-ins for what cannot be imported: `tl_not_installed_lib.register_block`" in decorated["detail"]
@@ -436,7 +432,7 @@ def test_tl201_library_not_installed_gets_a_named_stand_in(verified):
 
 
 def test_tl201_users_own_package_gets_a_named_stand_in(verified):
-    decorated, called = verdicts(verified, "tl201_own_package")
+    decorated, called = verified.pair("tl201_own_package")
     assert decorated["status"] == "confirmed", decorated["detail"]
     assert "`._helpers.traced` (`._helpers`, the user's own package)" in decorated["detail"]
     assert called["status"] == "not-executable", called["detail"]
@@ -444,7 +440,7 @@ def test_tl201_users_own_package_gets_a_named_stand_in(verified):
 
 
 def test_tl101_threshold_read_from_a_config_dict_is_swept(verified):
-    large, small = verdicts(verified, "tl101_config_threshold")
+    large, small = verified.pair("tl101_config_threshold")
     for v in (large, small):
         assert v["evidence"]["sweep"]["name"] == "max_norm"
         assert "`max_norm` is not in the file: swept over 0.1, 1, 10, 1000, 100000" in v["detail"]
@@ -455,7 +451,7 @@ def test_tl101_threshold_read_from_a_config_dict_is_swept(verified):
 
 
 def test_tl201_settings_checked_with_isinstance_get_a_stand_in_of_that_class(verified):
-    raw, projected = verdicts(verified, "tl201_checked_config")
+    raw, projected = verified.pair("tl201_checked_config")
     assert raw["status"] == "confirmed", raw["detail"]
     # the user's own constructor ran (`proj` and two blocks); a class rebuilt from the uses in
     # `forward` would hold the blocks only
@@ -464,13 +460,13 @@ def test_tl201_settings_checked_with_isinstance_get_a_stand_in_of_that_class(ver
 
 
 def test_tl201_batch_unpacked_by_position_is_built_by_element_names(verified):
-    embedded, detached = verdicts(verified, "tl201_unpacked_batch")
+    embedded, detached = verified.pair("tl201_unpacked_batch")
     assert embedded["status"] == "not-reproduced", embedded["detail"]
     assert detached["status"] == "confirmed", detached["detail"]
 
 
 def test_tl201_sizes_and_flags_chosen_by_name_or_use_are_named(verified):
-    raw, projected = verdicts(verified, "tl201_sizes_by_name")
+    raw, projected = verified.pair("tl201_sizes_by_name")
     assert raw["status"] == "confirmed", raw["detail"]
     assert projected["status"] == "not-reproduced", projected["detail"]
     for v in (raw, projected):
@@ -483,7 +479,7 @@ def test_tl201_sizes_and_flags_chosen_by_name_or_use_are_named(verified):
 
 
 def test_tl301_loss_of_a_library_not_installed_is_a_named_token_mean(verified):
-    uneven, every_token = verdicts(verified, "tl301_missing_loss")
+    uneven, every_token = verified.pair("tl301_missing_loss")
     assert uneven["status"] == "confirmed", uneven["detail"]
     assert every_token["status"] == "not-reproduced", every_token["detail"]
     if importlib.util.find_spec("litgpt") is None:  # installed, its own function runs
@@ -492,7 +488,7 @@ def test_tl301_loss_of_a_library_not_installed_is_a_named_token_mean(verified):
 
 
 def test_tl101_none_default_is_a_placeholder_and_is_swept(verified):
-    placeholder, large = verdicts(verified, "tl101_placeholder_field")
+    placeholder, large = verified.pair("tl101_placeholder_field")
     assert placeholder["status"] == "confirmed", placeholder["detail"]
     assert placeholder["evidence"]["sweep"]["name"] == "self.config.grad_norm_clip"
     assert "= None (field of `TrainerConfig`): a placeholder" in placeholder["detail"]
@@ -501,7 +497,7 @@ def test_tl101_none_default_is_a_placeholder_and_is_swept(verified):
 
 
 def test_tl101_zero_redundancy_optimizer_runs_as_its_optimizer_class(verified):
-    default, small = verdicts(verified, "tl101_zero_optimizer")
+    default, small = verified.pair("tl101_zero_optimizer")
     assert default["status"] == "confirmed", default["detail"]
     assert small["status"] == "not-reproduced", small["detail"]
     for v in (default, small):
@@ -509,7 +505,7 @@ def test_tl101_zero_redundancy_optimizer_runs_as_its_optimizer_class(verified):
 
 
 def test_tl101_count_read_at_run_time_is_chosen_by_name_and_named(verified):
-    default, small = verdicts(verified, "tl101_runtime_count")
+    default, small = verified.pair("tl101_runtime_count")
     assert default["status"] == "confirmed", default["detail"]
     assert small["status"] == "not-reproduced", small["detail"]
     for v in (default, small):
@@ -518,14 +514,14 @@ def test_tl101_count_read_at_run_time_is_chosen_by_name_and_named(verified):
 
 
 def test_tl301_padding_follows_the_losss_ignore_index(verified):
-    uneven, every_token = verdicts(verified, "tl301_ignore_minus_one")
+    uneven, every_token = verified.pair("tl301_ignore_minus_one")
     assert uneven["status"] == "confirmed", uneven["detail"]
     assert every_token["status"] == "not-reproduced", every_token["detail"]
     assert "padding labels are -1, the `ignore_index` of the file's loss" in uneven["detail"]
 
 
 def test_tl201_entry_that_cannot_run_falls_back_to_its_callee_and_says_so(verified):
-    fallback, top = verdicts(verified, "tl201_entry_fallback")
+    fallback, top = verified.pair("tl201_entry_fallback")
     assert fallback["status"] == "confirmed", fallback["detail"]
     assert "`Classifier.forward` did not run; run through `Encoder.forward`" in fallback["detail"]
     assert top["status"] == "not-reproduced", top["detail"]
@@ -533,7 +529,7 @@ def test_tl201_entry_that_cannot_run_falls_back_to_its_callee_and_says_so(verifi
 
 
 def test_tl101_flag_computed_from_an_argparse_default(verified):
-    on, off = verdicts(verified, "tl101_flag_from_argparse")
+    on, off = verified.pair("tl101_flag_from_argparse")
     assert on["status"] == "confirmed", on["detail"]
     assert '`args.precision` = "fp16" (argparse default)' in on["detail"]
     assert off["status"] == "not-reproduced", off["detail"]
