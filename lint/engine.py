@@ -12,7 +12,7 @@ import re
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from trainlint import bounded
@@ -475,14 +475,21 @@ def _lint_parsed(
     return _lint_module(module, text, path, options, active, result)
 
 
-def lint_module(module: cst.Module, text: str, path: str, options: LintOptions) -> FileResult:
+def lint_module(
+    module: cst.Module,
+    text: str,
+    path: str,
+    options: LintOptions,
+    positions: Mapping[cst.CSTNode, Any] | None = None,
+) -> FileResult:
     """Lint a module the caller has already parsed from ``text`` (an editor reusing unchanged
-    statements, for one). Every selected rule runs: the prefilter only decides what to parse."""
+    statements, for one), with its nodes' positions when the caller knows them. Every selected rule
+    runs: the prefilter only decides what to parse."""
     reg = registry()
     rules = [r for r in (reg.get(i) for i in options.rule_ids) if r is not None and not r.engine_only]
     result = FileResult(path)
     result.parsed = True
-    return _with_headroom(lambda: _lint_module(module, text, path, options, rules, result))
+    return _with_headroom(lambda: _lint_module(module, text, path, options, rules, result, positions))
 
 
 def _lint_module(
@@ -492,11 +499,13 @@ def _lint_module(
     options: LintOptions,
     active: list[type[Rule]],
     result: FileResult,
+    positions: Mapping[cst.CSTNode, Any] | None = None,
 ) -> FileResult:
     if not active:
         return result
     try:
-        model = _file_model_class()(module, path, text)
+        model_class = _file_model_class()
+        model = model_class(module, path, text, positions) if positions else model_class(module, path, text)
     except RecursionError:
         result.errors.append(
             Problem(ProblemKind.UNANALYSABLE, path, "file model: nested too deeply to analyse")

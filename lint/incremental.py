@@ -28,7 +28,7 @@ import libcst as cst
 
 from trainlint.engine import lint_module, lint_text
 from trainlint.files import MAX_SOURCE_BYTES, scan_nesting, too_crowded
-from trainlint.model.filemodel import PRECOMPUTED, Span, _PositionState
+from trainlint.model.filemodel import Span, _PositionState
 from trainlint.model.text import line_starts
 from trainlint.results import FileResult, LintOptions
 
@@ -360,11 +360,7 @@ class Documents:
                 # the next edit is compared with this text
                 self._keep(name, parse_full(text))
             return result
-        PRECOMPUTED[id(parsed.module)] = (parsed.module, parsed.positions())
-        try:
-            return lint_module(parsed.module, text, name, options)
-        finally:
-            PRECOMPUTED.pop(id(parsed.module), None)
+        return lint_module(parsed.module, text, name, options, parsed.positions())
 
     def forget(self, name: str) -> None:
         self._parsed.pop(name, None)

@@ -29,10 +29,6 @@ if TYPE_CHECKING:
 BUILTIN_NAMES = frozenset(dir(builtins))
 
 Span = tuple[tuple[int, int], tuple[int, int]]
-# Positions already known for a module, by its id (the module itself kept to check identity): an
-# editor that re-parsed only the statements an edit touched shifts the others' (trainlint.incremental)
-# instead of generating the code of the whole module again.
-PRECOMPUTED: dict[int, tuple[cst.Module, Mapping[cst.CSTNode, Span]]] = {}
 
 
 @dataclass(frozen=True, eq=False)
@@ -396,7 +392,15 @@ class _PositionState(CodegenState):
 class FileModel:
     """Everything rules know about one parsed file."""
 
-    def __init__(self, module: cst.Module, path: str = "<string>", source: str | None = None) -> None:
+    def __init__(
+        self,
+        module: cst.Module,
+        path: str = "<string>",
+        source: str | None = None,
+        positions: Mapping[cst.CSTNode, Span] | None = None,
+    ) -> None:
+        """``positions``: every node's span when the caller already knows them (an editor that re-parsed
+        only the statements an edit touched shifts the others' instead of generating the whole code)."""
         self.module = module
         self.path = path
         self.source = source if source is not None else module.code
@@ -407,7 +411,7 @@ class FileModel:
         self.binops: list[Site] = []
         self.assigns: list[Site] = []
         self.augassigns: list[Site] = []
-        self._positions: Mapping[cst.CSTNode, Span] | None = None
+        self._positions: Mapping[cst.CSTNode, Span] | None = positions
         self._callee: dict[int, str | None] = {}
         # the rest of the project, when the file is part of one on disk (set by the engine)
         self.project: Project | None = None
@@ -421,13 +425,9 @@ class FileModel:
     def position(self, node: cst.CSTNode) -> CodeRange:
         """Start/end of a node (lines 1-based, columns 0-based), computed on first use only."""
         if self._positions is None:
-            known = PRECOMPUTED.get(id(self.module))
-            if known is not None and known[0] is self.module:
-                self._positions = known[1]
-            else:
-                state = _PositionState(self.module.default_indent, self.module.default_newline)
-                self.module._codegen(state)
-                self._positions = state.computed
+            state = _PositionState(self.module.default_indent, self.module.default_newline)
+            self.module._codegen(state)
+            self._positions = state.computed
         (start_line, start_column), (end_line, end_column) = self._positions[node]
         return CodeRange(CodePosition(start_line, start_column), CodePosition(end_line, end_column))
 
