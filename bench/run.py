@@ -6,6 +6,7 @@
     python bench/run.py --corpus subset      # nanoGPT, pytorch/examples, accelerate, Lightning
     python bench/run.py --corpus big --rounds 1   # + torchtitan, the installed torch, diffusers
     python bench/run.py --tools trainlint,libcst PATH   # no comparison venv, no network (CI smoke run)
+    python bench/run.py --corpus subset --snapshot   # a copy of the code: others' edits cannot interfere
 
 The named corpora are extracted from bare git mirrors (``--mirrors``, default /work/.mirror, one
 ``<owner>+<name>/repo`` each) at their HEAD; the commits are printed with the table. Besides the tools,
@@ -31,6 +32,7 @@ import importlib.util
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -197,8 +199,24 @@ def tool_version(python: str, package: str) -> str:
     return out.stdout.strip() or "?"
 
 
+_SNAPSHOT: list[Path] = []  # the copy of trainlint's code the runs import, when --snapshot is given
+
+
+def take_snapshot(into: Path) -> None:
+    """Copy the ``trainlint`` package (``lint/``, with ``rules/`` as its ``rules`` subpackage, as
+    pyproject.toml's package-dir maps them) to ``into``; every later run imports it from there."""
+    ignore = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(HERE.parent / "lint", into / "trainlint", ignore=ignore)
+    shutil.copytree(HERE.parent / "rules", into / "trainlint" / "rules", ignore=ignore)
+    _SNAPSHOT.append(into)
+
+
 def child_env() -> dict[str, str]:
     env = dict(os.environ)
+    if _SNAPSHOT:  # (ahead of the editable install's finder, which comes after the path entries)
+        env["PYTHONPATH"] = os.pathsep.join([str(_SNAPSHOT[-1]), env.get("PYTHONPATH", "")]).rstrip(
+            os.pathsep
+        )
     # Measure as users run the tools: byte-code cached after the first run.
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     env.pop("PYTHONPROFILEIMPORTTIME", None)
@@ -267,6 +285,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per run")
     parser.add_argument("--no-warmup", action="store_true", help="skip the untimed first trainlint run")
     parser.add_argument("--json", type=Path, help="also write the results as JSON to this file")
+    parser.add_argument(
+        "--snapshot",
+        action="store_true",
+        help="run a copy of trainlint's code taken at the start: edits made meanwhile (a shared tree)"
+        " cannot change the code fingerprint between the cold and the warm run",
+    )
     args = parser.parse_args(argv)
     args.tools = [t.strip() for t in args.tools.split(",") if t.strip()]
     unknown = sorted(set(args.tools) - set(TOOLS))
@@ -296,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
             sources, commits = materialize(args.corpus, args.mirrors, tmp / "sources")
         else:
             sources = args.paths or default_corpus()
+        if args.snapshot:
+            take_snapshot(tmp / "snapshot")
         corpus = tmp / "corpus"
         corpus.mkdir()
         sizes = copy_corpus(sources, corpus)

@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING, Any
 
 from trainlint import __version__
 from trainlint.files import read_source
-from trainlint.model.project import dependency_key
+from trainlint.model.pins import pins_stamp
+from trainlint.model.project import dependency_key, recorded_dependency_key
 from trainlint.rule import Finding
 
 if TYPE_CHECKING:
@@ -178,6 +179,22 @@ def user_secret() -> bytes:
     return secret if secret is not None and len(secret) == 32 else fresh
 
 
+def may_run_rules(text: str, options: LintOptions) -> bool:
+    """Whether the engine may run any rule on ``text`` (``engine.lint_text``'s first decision, from the
+    raw text: a rule's prefilter, or a cross-file finding the project could give). When none can run,
+    the outcome (a syntax or decoding error at most) rests on no other file of the project."""
+    if not options.prefilter:
+        return True
+    from trainlint.gates import gates  # the generated data: neither libcst nor the rules
+
+    table = gates()
+    selected = [
+        g for g in (table.get(i.upper()) for i in options.rule_ids) if g is not None and not g.engine_only
+    ]
+    # (the cheap prefilters first: a project prefilter may hold a pattern, searched through the text)
+    return any(g.can_fire(text) for g in selected) or any(g.can_fire_in_project(text) for g in selected)
+
+
 def entry_key(fingerprint: str, shown: str, options: LintOptions, text: str, secret: bytes = b"") -> str:
     digest = _options_digest(fingerprint, options, secret).copy()
     digest.update(shown.encode("utf-8", "surrogatepass"))
@@ -222,10 +239,16 @@ class ResultCache:
         self.secret = user_secret() if secret is None else secret
         self.root = self.folder / self.fingerprint[:16]
         self._root = str(self.root)
+        self._keys: dict[Job, tuple[bytes, str]] = {}  # looked up, not stored yet: (text digest, key)
+        self._batch = object()  # this run's keys share their module lookups (``dependency_key``)
 
     def __getstate__(self) -> dict[str, Any]:
-        # workers get the folder and secrets, not the last file's text
-        return {k: v for k, v in self.__dict__.items() if k != "_last_key"}
+        # workers get the folder and secrets, not the keys of the files looked up
+        return {k: v for k, v in self.__dict__.items() if k not in ("_keys", "_batch")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._keys, self._batch = {}, object()
 
     def problem(self) -> str | None:
         """Why this cache must not be used (its folder or version folder is a link, a file, another
@@ -238,15 +261,35 @@ class ResultCache:
 
     # -- reading -------------------------------------------------------------------------------------
     def key(self, job: Job, text: str) -> str:
-        # a miss looks the key up, lints, then stores under the same key: computed once for both
-        last = getattr(self, "_last_key", None)
-        if last is not None and last[0] == job and last[1] == text:
-            return last[2]
-        # a finding may rest on other project files' facts (the project index): their digest counts
-        facts = dependency_key(job[0], text, self.root / "summaries")
-        key = entry_key(self.fingerprint, job[1], job[2], f"{text}\0{facts}" if facts else text, self.secret)
-        self._last_key = (job, text, key)
+        # a miss looks the key up, lints, then stores under the same key: computed once for both (a
+        # run looks every file up before it lints the misses, so the keys of misses are kept until
+        # stored; workers, which get the cache without them, compute their own)
+        digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+        known = self._keys.get(job)
+        if known is not None and known[0] == digest:
+            return known[1]
+        # a finding may rest on other project files' facts (the project index): their digest counts,
+        # unless no rule can run on the text at all (its outcome cannot rest on any other file then).
+        # A file keyed with its dependencies before (its record holds) is keyed so again, unasked.
+        facts = recorded_dependency_key(job[0], text, self.root / "summaries", self._batch)
+        if facts is None and not may_run_rules(text, job[2]) and "gradient_checkpointing" not in text:
+            key = self._no_rules_key(job, text)
+        else:
+            if facts is None:
+                facts = dependency_key(job[0], text, self.root / "summaries", self._batch)
+            if "gradient_checkpointing" in text:  # TL205 reads the project's version pins: their stamps count
+                facts += pins_stamp(job[0])
+            key = entry_key(
+                self.fingerprint, job[1], job[2], f"{text}\0{facts}" if facts else text, self.secret
+            )
+        self._keys[job] = (digest, key)
         return key
+
+    def _no_rules_key(self, job: Job, text: str) -> str:
+        """The key of a text no rule can run on. Only such a text is stored under it, and whether a rule
+        can run depends on the text and the options alone (both in the key): an entry found there
+        answers without the rules' prefilters being asked (most of a warm run's time otherwise)."""
+        return entry_key(self.fingerprint, job[1], job[2], f"{text}\0no rules", self.secret)
 
     def _file(self, key: str) -> str:
         return os.path.join(self._root, key[:2], key + ".json")
@@ -270,9 +313,14 @@ class ResultCache:
         text = read_source(Path(job[0])).text  # safe on FIFOs, huge files, undecodable bytes
         if text is None:
             return None  # unreadable: linted (and reported) afresh, never cached
-        data = self._read(self.key(job, text))
+        quiet = self._no_rules_key(job, text) if "gradient_checkpointing" not in text else ""
+        data = self._read(quiet) if quiet else None
         if data is None:
-            return None
+            key = self.key(job, text)
+            data = self._read(key) if key != quiet else None
+            if data is None:
+                return None  # (its key is kept for the store that follows the lint)
+        self._keys.pop(job, None)
         try:
             payload = json.loads(data)
             findings = [Finding.from_json(f) for f in payload["findings"]]
@@ -325,6 +373,7 @@ class ResultCache:
             "parsed": result.parsed,
         }
         target = self._file(self.key(job, text))
+        self._keys.pop(job, None)
         try:
             self._prepare()
             folder = os.path.dirname(target)

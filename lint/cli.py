@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from trainlint import __version__
+from trainlint.bounded import give_back_memory
 from trainlint.cache import Job, Outcome, ResultCache, frame_text, open_cache
 from trainlint.config import (
     Config,
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     import multiprocessing.context
 
     from trainlint.fix import FixOutcome
+    from trainlint.verify.runner import Child
 
 # A run answered from the result cache imports neither the engine (libcst, the rules) nor rich: both
 # are imported where a file is really linted or findings are drawn.
@@ -180,6 +182,7 @@ def _lint_one(job: Job, cache: ResultCache | None = None) -> Outcome:
     finally:
         if collect:
             gc.enable()
+        give_back_memory()  # what this file's trees took, once it adds up
     if cache is not None:
         cache.store(job, source.text, result)
     return result, frame_text(fs_path, result.findings, source.text)
@@ -217,6 +220,7 @@ class _Settings:
     selectors: _Selectors
     cache: ResultCache | None
     _chosen: dict[int, tuple[list[str], tuple[tuple[str, str], ...]]] = field(default_factory=dict)
+    early: Child | None = None  # --verify: the child started before linting (imports torch meanwhile)
 
     def chosen(self, config: Config) -> tuple[list[str], tuple[tuple[str, str], ...]]:
         """The rules a configuration enables once the command line has had its say, and their severities."""
@@ -267,20 +271,24 @@ def run(argv: Sequence[str] | None = None, stdin: str | None = None) -> int:
     started = time.perf_counter()
     try:
         linted = _lint_all(settings, stdin)
+        if isinstance(linted, Problem):
+            return _stop(linted)
+        report = _report(linted, time.perf_counter() - started)
+        if args.verify:
+            from trainlint.verify import verify_findings
+
+            report.findings = verify_findings(
+                report.findings,
+                report.sources,
+                device=args.device or settings.config.verify_device,
+                timeout=settings.config.verify_timeout,
+                early=settings.early,
+            )
     except ConfigError as exc:  # the configuration of a nested project, read when its files came up
         return _stop(Problem(ProblemKind.CONFIG, "", str(exc)))
-    if isinstance(linted, Problem):
-        return _stop(linted)
-    report = _report(linted, time.perf_counter() - started)
-    if args.verify:
-        from trainlint.verify import verify_findings
-
-        report.findings = verify_findings(
-            report.findings,
-            report.sources,
-            device=args.device or settings.config.verify_device,
-            timeout=settings.config.verify_timeout,
-        )
+    finally:
+        if settings.early is not None:
+            settings.early.close()  # already used or ended, unless linting stopped on an error
     if args.fix or args.diff:
         code = _fix(report, linted.targets, linted.stdin_text, args)
         if code is not None:
@@ -427,9 +435,15 @@ def _cuda_available() -> bool:
 
 def _lint_all(settings: _Settings, stdin: str | None) -> _Linted | Problem:
     paths = settings.args.paths or ["."]
-    refusal = _refusal(settings.args, paths, settings.args.device or settings.config.verify_device)
+    device = settings.args.device or settings.config.verify_device
+    refusal = _refusal(settings.args, paths, device)
     if refusal is not None:
         return refusal
+    if settings.args.verify:
+        from trainlint.verify.runner import start_early
+
+        # the child imports torch (seconds) while the files are linted and the probes built
+        settings.early = start_early(device, settings.config.verify_timeout)
     if paths == ["-"]:
         return _lint_stdin(settings, stdin)
     return _lint_paths(settings, paths)
@@ -612,6 +626,8 @@ def _run_jobs(
             results[i] = hit
         else:
             todo.append(i)
+            if cache is not None:
+                give_back_memory()  # the key summarised the file's imports: their trees are garbage now
     if todo:
         _lint_todo(jobs_list, todo, results, jobs, cache)
     return [r for r in results if r is not None]

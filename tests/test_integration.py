@@ -56,7 +56,7 @@ def fake_verify(monkeypatch):
     """--verify without a child process: every fix is marked verified, every finding gets a verdict
     (what the real harness does when the probe's fixed run matches the reference)."""
 
-    def verify(findings, sources, device="auto", timeout=60.0):
+    def verify(findings, sources, device="auto", timeout=60.0, early=None):  # early: ended by the CLI
         out = []
         for f in findings:
             fix = f.fix and dataclasses.replace(f.fix, applicability=Applicability.VERIFIED)

@@ -72,7 +72,50 @@ def own_method(model: FileModel, func: cst.BaseExpression, scope: Scope) -> Fact
     own = project.own if project.own is not None else project.index.summary(project.path)
     qualified = f"{cls.node.name.value}.{name[5:]}"
     facts = own["functions"].get(qualified) if own is not None else None
+    if facts is None and own is not None:
+        return _inherited_method(model, own, cls.node.name.value, name[5:])
     return Fact(str(project.path), qualified, "function", facts) if facts is not None else None
+
+
+def project_method(model: FileModel, func: cst.BaseExpression, scope: Scope) -> Fact | None:
+    """The facts of a function of another project file that ``func`` calls: an imported function, a
+    method of this class or of its base class there (``self.step``), or a method of an instance of a
+    project class (``self.stepper.step`` with ``self.stepper = Stepper()``)."""
+    fact = imported_fact(model, func, scope) or own_method(model, func, scope)
+    if fact is not None or not isinstance(func, cst.Attribute) or model.project is None:
+        return fact
+    owner = constructed_class(model, func.value, scope)
+    summary = model.project.index.summary(Path(owner.path)) if owner is not None else None
+    if owner is None or summary is None:
+        return None
+    name = f"{owner.name}.{func.attr.value}"
+    facts = summary["functions"].get(name)
+    return Fact(owner.path, name, "function", facts) if facts is not None else None
+
+
+def own_function(model: FileModel, func: cst.BaseExpression, scope: Scope) -> Fact | None:
+    """The facts of a module-level function of the linted file itself, from its own summary."""
+    project = model.project
+    if project is None or not isinstance(func, cst.Name):
+        return None
+    if model.qualname(func, scope) != f"<local>.{func.value}":
+        return None
+    own = project.own if project.own is not None else project.index.summary(project.path)
+    facts = own["functions"].get(func.value) if own is not None else None
+    return Fact(str(project.path), func.value, "function", facts) if facts is not None else None
+
+
+def _inherited_method(model: FileModel, own: dict[str, Any], cls: str, method: str) -> Fact | None:
+    """``self.method`` defined by a base class of another project file (``class Trainer(BaseTrainer)``
+    with ``BaseTrainer`` imported): the nearest base's facts, one level up."""
+    for base in own["classes"].get(cls, {}).get("bases", ()):
+        head, _, rest = base.partition(".")
+        target = own["imports"].get(head)
+        if target is not None:
+            fact = model.elsewhere(f"{target}.{rest}.{method}" if rest else f"{target}.{method}")
+            if fact is not None and fact.kind == "function":
+                return fact
+    return None
 
 
 def constructed_class(model: FileModel, expr: cst.BaseExpression, scope: Scope) -> Fact | None:
@@ -288,7 +331,7 @@ def backward_returned(model: FileModel, site: Site) -> Elsewhere | None:
     call = site.node
     if not isinstance(call, cst.Call):
         return None
-    fact = imported_fact(model, call.func, site.scope) or own_method(model, call.func, site.scope)
+    fact = project_method(model, call.func, site.scope)
     if fact is None or fact.kind != "function" or "returns_loss" not in fact.facts:
         return None
     line, column = fact.facts["returns_loss"]
@@ -314,7 +357,7 @@ def checkpoint_wrapper(
     the function passed, the wrapper's checkpoint call and the parameter's name."""
     call = site.node
     assert isinstance(call, cst.Call)
-    fact = imported_fact(model, call.func, site.scope)
+    fact = imported_fact(model, call.func, site.scope) or own_function(model, call.func, site.scope)
     if fact is None or fact.kind != "function":
         return None
     params = {p[0]: p[1] for p in fact.facts["params"]}

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from trainlint.model.filemodel import FileModel, Scope, Site
-from trainlint.model.syntax import attr_name, positional, walk
+from trainlint.model.syntax import attr_name, positional, walk, walk_scope
 from trainlint.model.training import is_backward_call
 
 
@@ -119,7 +119,68 @@ def division_reaches_backward(model: FileModel, division: Division) -> bool:
         if call.statement is division.site.statement and any(n is node for n in walk(call.node)):
             return True
     names = _assigned_names(division)
-    return names_reach_backward(model, division.site.scope, names, division.site.order)
+    if names_reach_backward(model, division.site.scope, names, division.site.order):
+        return True
+    return _returned_to_backward(model, division, names)
+
+
+def _returned_to_backward(model: FileModel, division: Division, names: set[str]) -> bool:
+    """The function returns the divided value and a caller in the file backpropagates what the call
+    returns (``loss = self.compute_loss(batch)`` then ``loss.backward()``)."""
+    scope = division.site.scope
+    function = scope.node
+    if not returns_division(division, names):
+        return False
+    return any(
+        site.scope is not scope
+        and model.local_callee(site) is function
+        and call_reaches_backward(model, site)
+        for site in model.calls
+    )
+
+
+def call_reaches_backward(model: FileModel, site: Site) -> bool:
+    """What the call at ``site`` returns is backpropagated in its scope: ``f(x).backward()``,
+    ``loss = f(x)`` then ``loss.backward()`` (or a name computed from it)."""
+    for backward in backward_calls(model, site.scope):
+        if backward.statement is site.statement and any(n is site.node for n in walk(backward.node)):
+            return True
+    return names_reach_backward(model, site.scope, _call_targets(site), site.order)
+
+
+def returns_division(division: Division, names: set[str] | None = None) -> bool:
+    """The division's function returns its value: ``return s / n``, or ``return loss`` after
+    ``loss = s / n`` (also as a tuple's first element)."""
+    function = division.site.scope.node
+    if not isinstance(function, cst.FunctionDef):
+        return False
+    names = _assigned_names(division) if names is None else names
+    for ret in walk_scope(function):
+        if isinstance(ret, cst.Return) and ret.value is not None:
+            value = ret.value
+            if isinstance(value, cst.Tuple) and value.elements:
+                value = value.elements[0].value
+            if value is division.node or (isinstance(value, cst.Name) and value.value in names):
+                return True
+    return False
+
+
+def _call_targets(site: Site) -> set[str]:
+    """The names a call's result is assigned to (``loss`` in ``loss = f(x)``, ``loss, out = f(x)``)."""
+    statement = site.statement
+    out: set[str] = set()
+    if isinstance(statement, cst.SimpleStatementLine):
+        for small in statement.body:
+            if isinstance(small, cst.Assign) and small.value is site.node:
+                for target in small.targets:
+                    elements = (
+                        target.target.elements if isinstance(target.target, cst.Tuple) else [target.target]
+                    )
+                    for element in elements:
+                        inner = element.value if isinstance(element, cst.Element) else element
+                        if isinstance(inner, cst.Name):
+                            out.add(inner.value)
+    return out
 
 
 def _assigned_names(division: Division) -> set[str]:

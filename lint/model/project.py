@@ -13,8 +13,8 @@ another file does. ``dependency_key`` is the part of the result cache's key that
 facts of the files a finding can rest on change: the modules the file imports (and the modules a
 package's ``__init__`` re-exports), and the callers of a function that receives a GradScaler. Both are
 recorded in the store with the stamps of the folders and files they came from, so a warm run checks
-them with stat calls instead of resolving every import again.
-"""
+them with stat calls instead of resolving every import again; the file's own text is read for its
+outline only (imports, parameters)."""
 
 from __future__ import annotations
 
@@ -29,10 +29,18 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from stat import S_ISDIR
 from typing import Any
 
-from trainlint.model.summary import Summary, summarize
+from trainlint.model.stamps import (
+    answer_digest,
+    collector_paused,
+    folder_mtime,
+    recorded_answer,
+    split_joined,
+    stat_stamp,
+    write_atomic,
+)
+from trainlint.model.summary import Summary, outline, summarize
 
 ROOT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
 _SKIP_DIRS = frozenset(
@@ -41,6 +49,7 @@ _SKIP_DIRS = frozenset(
 _IMPORT_HEAD = re.compile(r"^[ \t]*(?:from[ \t]+(\.+|\w+)|import[ \t]+(\w+))", re.MULTILINE)
 _MAX_FILES = 5000  # a walk that finds more stops there: an index is a help, never a hang
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_RECORDS_KEPT = 16  # dependency records held in memory (see ProjectIndex._remember)
 
 
 def find_root(path: str | os.PathLike[str]) -> Path | None:
@@ -87,6 +96,12 @@ class ProjectIndex:
         # while a file's dependencies are gathered: each folder a lookup consulted -> its mtime
         self._consulted: dict[str, int] | None = None
         self._records: dict[str, dict[str, Any]] = {}  # slot (a path, a callers question) -> record
+        # within one gathering window: lookups answered (with the folders they consulted) and folder
+        # modification times, shared by the files whose dependencies are gathered in it
+        self._asked: dict[tuple[str, str], tuple[Path | None, dict[str, int]]] = {}
+        self._expanded: dict[tuple[str, tuple[str, ...]], tuple[list[Path | None], dict[str, int]]] = {}
+        self._mtimes: dict[str, int] = {}
+        self._batch: object | None = None
 
     def forget_paths(self, path: str) -> None:
         """Start a new file's lint: resolutions are kept only for the same file within a second (its
@@ -166,12 +181,17 @@ class ProjectIndex:
         """The record kept under ``slot`` while every stamp in it still holds; None otherwise."""
         record = self._records.get(slot)
         if record is None:
-            record = self._records[slot] = self._read_record(slot) or {}
+            record = self._remember(slot, self._read_record(slot) or {})
         try:
-            if " ".join(str(_mtime(folder)) for folder in _split(record["folders"])) != record["stamps"]:
+            if (
+                " ".join(str(folder_mtime(folder)) for folder in split_joined(record["folders"]))
+                != record["stamps"]
+            ):
                 return None
-            files, stamps = _split(record["files"]), _split(record["file_stamps"], " ")
-            if len(files) != len(stamps) or any(_stamp(f) != s for f, s in zip(files, stamps, strict=True)):
+            files, stamps = split_joined(record["files"]), split_joined(record["file_stamps"], " ")
+            if len(files) != len(stamps) or any(
+                stat_stamp(f) != s for f, s in zip(files, stamps, strict=True)
+            ):
                 return None
         except (ValueError, TypeError, KeyError, AttributeError):
             return None
@@ -192,9 +212,27 @@ class ProjectIndex:
             "file_stamps": " ".join(f"{mtime},{size}" for mtime, size in files.values()),
             **answer,
         }
-        self._records[slot] = record
+        self._remember(slot, record)
         if self.store is not None:
-            _write_atomic(self._record_file(slot), json.dumps(record))
+            write_atomic(self._record_file(slot), json.dumps(record))
+
+    def _remember(self, slot: str, record: dict[str, Any]) -> dict[str, Any]:
+        """Keep a record in memory for the next questions about the same file (its key is computed
+        when the cache is asked and again when the result is stored): only the latest ones, since a
+        record lists every folder consulted (about 100 KB each in diffusers, whose ``__init__``
+        imports the whole package) and the stored ones are on disk."""
+        while len(self._records) >= _RECORDS_KEPT:
+            del self._records[next(iter(self._records))]
+        self._records[slot] = record
+        return record
+
+    def update_record(self, slot: str, **answer: Any) -> None:
+        """Change the answer of a record that still holds (its stamps stay those that decided it)."""
+        if slot not in self._records:
+            return
+        record = self._remember(slot, {**self._records[slot], **answer})
+        if self.store is not None:
+            write_atomic(self._record_file(slot), json.dumps(record))
 
     def _record_file(self, slot: str) -> Path:
         assert self.store is not None
@@ -210,7 +248,9 @@ class ProjectIndex:
             return None
         return record if isinstance(record, dict) else None
 
-    def summary(self, path: Path) -> Summary | None:
+    def summary(self, path: Path, mentioning: str | None = None) -> Summary | None:
+        """A file's summary. ``mentioning``: None, without summarising it, when its text does not hold
+        that word (a question about one name: most files cannot answer it)."""
         try:
             stat = path.stat()
         except OSError:
@@ -223,6 +263,8 @@ class ProjectIndex:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError, ValueError):
             return None
+        if mentioning is not None and mentioning not in text:
+            return None
         summary = self.summary_of(text)
         self._by_stat[str(path)] = ((stat.st_mtime_ns, stat.st_size), self._digest(text))
         return summary
@@ -233,7 +275,7 @@ class ProjectIndex:
         try:
             stat = path.stat()
         except OSError:
-            return _digest(None)
+            return answer_digest(None)
         stamp = [stat.st_mtime_ns, stat.st_size]
         known = self._manifest().get(str(path))
         if known is not None and known[:2] == stamp and isinstance(known[2], str):
@@ -241,9 +283,9 @@ class ProjectIndex:
         summary = self.summary(path)
         seen = self._by_stat.get(str(path))
         if seen is None:
-            return _digest(summary)
+            return answer_digest(summary)
         if seen[1] not in self._facts_digests:
-            self._facts_digests[seen[1]] = _digest(summary)
+            self._facts_digests[seen[1]] = answer_digest(summary)
         digest = self._facts_digests[seen[1]]
         if list(seen[0]) == stamp:  # (not when the file changed between the two stat calls)
             self._manifest()[str(path)] = [*stamp, digest]
@@ -262,16 +304,26 @@ class ProjectIndex:
             self._by_hash[digest] = self._stored(digest, text, tree)
         return self._by_hash[digest]
 
+    def outline_of(self, text: str, tree: ast.Module | None = None) -> Summary | None:
+        """The text's ``imports`` and module-level function ``params``: from its summary when at hand,
+        else from its tree (``summary.outline``), with no walk of every body."""
+        digest = self._digest(text)
+        if digest in self._by_hash:
+            return self._by_hash[digest]
+        with collector_paused():
+            return outline(text, tree)
+
     def _stored(self, digest: str, text: str, tree: ast.Module | None = None) -> Summary | None:
-        if self.store is None:
-            return summarize(text, tree)
-        entry = self.store / digest[:2] / f"{digest}.json"
-        try:
-            return json.loads(entry.read_text(encoding="utf-8"))["summary"]
-        except (OSError, ValueError, KeyError, TypeError, RecursionError):
-            pass  # absent or damaged: summarise afresh
-        summary = summarize(text, tree)
-        _write_atomic(entry, json.dumps({"summary": summary}))
+        with collector_paused():
+            if self.store is None:
+                return summarize(text, tree)
+            entry = self.store / digest[:2] / f"{digest}.json"
+            try:
+                return json.loads(entry.read_text(encoding="utf-8"))["summary"]
+            except (OSError, ValueError, KeyError, TypeError, RecursionError):
+                pass  # absent or damaged: summarise afresh
+            summary = summarize(text, tree)
+        write_atomic(entry, json.dumps({"summary": summary}))
         return summary
 
     def all_files(self) -> list[Path]:
@@ -280,7 +332,7 @@ class ProjectIndex:
         found: list[Path] = []
         for folder, dirs, names in os.walk(self.root):
             if self._consulted is not None:  # its listing decides which files there are
-                self._consulted.setdefault(folder, _mtime(folder))
+                self._consulted.setdefault(folder, folder_mtime(folder))
             dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("."))
             found.extend(Path(folder, n) for n in sorted(names) if n.endswith(".py"))
             if len(found) > _MAX_FILES:
@@ -290,12 +342,29 @@ class ProjectIndex:
     def module_file(self, module: str, importer: Path) -> Path | None:
         """The project file a dotted (or leading-dot relative) module name refers to."""
         question = (module, str(importer.parent))
+        if self._consulted is not None:
+            return self._gathered(question, importer)
         if question not in self._modules:
-            bases, parts = self._bases(module, importer)
-            if self._consulted is not None:  # (a question asked before was stamped then: memo is fresh)
-                self._stamp_folders(bases, parts)
-            self._modules[question] = self._module_file(bases, parts)
+            self._modules[question] = self._module_file(*self._bases(module, importer))
         return self._modules[question]
+
+    def _gathered(self, question: tuple[str, str], importer: Path) -> Path | None:
+        """``module_file`` while a file's dependencies are gathered: the folders deciding the answer
+        are stamped into ``_consulted``. Answers are kept with their stamps across the files of one
+        batch (``_consulting``): the files of a package ask the same questions of its ``__init__``
+        modules. A record keeps the stamps taken then, so a folder changed since fails its check
+        next time, and the dependencies are gathered afresh."""
+        assert self._consulted is not None
+        known = self._asked.get(question)
+        if known is None:
+            bases, parts = self._bases(question[0], importer)
+            stamps: dict[str, int] = {}
+            self._stamp_folders(bases, parts, stamps)  # (before the lookup: see ``_stamp_folders``)
+            known = self._asked[question] = (self._module_file(bases, parts), stamps)
+        for folder, stamp in known[1].items():
+            self._consulted.setdefault(folder, stamp)
+        self._modules[question] = known[0]  # (kept for the file's lint, which follows its key)
+        return known[0]
 
     def _bases(self, module: str, importer: Path) -> tuple[list[str], list[str]]:
         """The folders a module name is looked up in, in order, and its dotted parts."""
@@ -311,24 +380,25 @@ class ProjectIndex:
             bases = [root, os.path.join(root, "src"), folder]
         return bases, [p for p in module.lstrip(".").split(".") if p]
 
-    def _stamp_folders(self, bases: list[str], parts: list[str]) -> None:
+    def _stamp_folders(self, bases: list[str], parts: list[str], consulted: dict[str, int]) -> None:
         """Note the modification time of every folder whose entries decide a lookup, before the lookup:
         each base and the folders between it and the root, and from the base towards the candidate
         module as far as folders exist (a missing one is an entry its parent's time covers). An entry
         added, removed or replaced by a link in any of them changes that folder's time."""
-        assert self._consulted is not None
-        consulted, root = self._consulted, str(self.root)
+        times, root = self._mtimes, str(self.root)
         for base in bases:
             up = base
             while base not in consulted and up.startswith(root + os.sep):
                 up = os.path.dirname(up)
                 if up not in consulted:
-                    consulted[up] = _mtime(up)
+                    consulted[up] = times[up] if up in times else times.setdefault(up, folder_mtime(up))
             folder = base
             for part in ["", *parts]:
                 folder = os.path.join(folder, part) if part else folder
                 if folder not in consulted:
-                    consulted[folder] = _mtime(folder)
+                    consulted[folder] = (
+                        times[folder] if folder in times else times.setdefault(folder, folder_mtime(folder))
+                    )
                 if consulted[folder] < 0:
                     break
 
@@ -359,6 +429,25 @@ class ProjectIndex:
             return owner
         return self.module_file(target, importer) or owner
 
+    def imported_files(self, importer: Path, targets: list[str]) -> list[Path | None]:
+        """``imported_file`` of each target, while dependencies are gathered: answered once per
+        importer and targets in a batch (the files of a package reach the same ``__init__`` modules),
+        with the stamps of the folders the lookups consulted."""
+        outer = self._consulted
+        assert outer is not None
+        question = (str(importer), tuple(targets))
+        known = self._expanded.get(question)
+        if known is None:
+            self._consulted = {}
+            try:
+                known = ([self.imported_file(t, importer) for t in targets], self._consulted)
+            finally:
+                self._consulted = outer
+            self._expanded[question] = known
+        for folder, stamp in known[1].items():
+            outer.setdefault(folder, stamp)
+        return known[0]
+
     def _may_hold(self, folder: str | Path, head: str) -> bool:
         """Whether ``folder`` has an entry ``head`` or ``head.py`` (its listing, memoised while the
         folder's modification time stays the same)."""
@@ -379,13 +468,17 @@ class ProjectIndex:
             known = self._listings[key] = (stamp, names)
         return head in known[1] or f"{head}.py" in known[1]
 
-    def _inside(self, path: str) -> bool:
-        folder = os.path.dirname(path)
+    def real_path(self, path: str) -> str:
+        """``os.path.realpath``, each folder resolved once while one file is linted (``forget_paths``)."""
+        if os.path.islink(path):  # a link may lead out of the project
+            return os.path.realpath(path)
+        folder, name = os.path.split(path)
         if folder not in self._real_folders:
             self._real_folders[folder] = os.path.realpath(folder)
-        real = self._real_folders[folder]
-        if os.path.islink(path):  # a link may lead out of the project
-            real = os.path.realpath(path)
+        return os.path.join(self._real_folders[folder], name)
+
+    def _inside(self, path: str) -> bool:
+        real = self.real_path(path)
         return real == self._real_root or real.startswith(self._real_root.rstrip(os.sep) + os.sep)
 
 
@@ -456,7 +549,7 @@ class Project:
         tree, where the caller has parsed it (the engine's gate has)."""
         if not self.imports_from_project(text):
             return []
-        own = self.index.summary_of(text, tree)
+        own = self.index.outline_of(text, tree)
         out: list[Fact] = []
         for target in own["imports"].values() if own else ():
             fact = self.lookup(target)
@@ -489,7 +582,7 @@ class Project:
         for cut in range(len(parts) - 1, 0, -1):
             module = "." * dots + ".".join(parts[:cut])
             file = self.index.module_file(module, importer)
-            if file is None or file.resolve() == self.path.resolve():
+            if file is None or self._real(file) == self._real(self.path):
                 continue
             summary = self.index.summary(file)
             if summary is None:
@@ -521,11 +614,11 @@ class Project:
         """Calls of ``function`` (defined in ``module_file``) anywhere in the project, as (path, call
         facts). Walks the whole project once per process."""
         out: list[tuple[str, dict[str, Any]]] = []
-        wanted = module_file.resolve()
+        wanted = self._real(module_file)
         for file in self._files():
-            if file.resolve() == wanted:
+            if self._real(file) == wanted:
                 continue
-            summary = self.index.summary(file)
+            summary = self.index.summary(file, mentioning=function)  # (an import of it names it)
             if summary is None:
                 continue
             imported = {
@@ -539,90 +632,89 @@ class Project:
                 out.extend((str(file), call) for call in facts["calls"] if call["callee"] in imported)
         return out
 
+    def _real(self, path: Path) -> str:
+        """A path with every link resolved (a lookup compares the file it found with the linted one
+        for each dotted prefix of every name it resolves: the folders' answers are kept)."""
+        return self.index.real_path(str(path))
+
     def _files(self) -> list[Path]:
         if self._walked is None:
             self._walked = self.index.all_files()
         return self._walked
 
-    def _target_file(self, target: str, importer: Path) -> Path | None:
+    def _target_file(self, target: str, importer: Path) -> str | None:
         module = (
             target.rsplit(".", 1)[0]
             if "." in target.lstrip(".")
             else target[: len(target) - len(target.lstrip("."))]
         )
         file = self.index.module_file(module, importer) if module else None
-        return Path(os.path.realpath(file)) if file is not None else None
+        return self._real(file) if file is not None else None
 
 
-def _digest(answer: object) -> str:
-    return hashlib.sha256(json.dumps(answer, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def _mtime(folder: str) -> int:
-    """A folder's modification time; -1 for anything else (a file, nothing)."""
-    try:
-        info = os.stat(folder)
-    except OSError:
-        return -1
-    return info.st_mtime_ns if S_ISDIR(info.st_mode) else -1
-
-
-def _write_atomic(entry: Path, body: str) -> None:
-    """Write a store file through a temporary one renamed into place: a reader never sees half."""
-    temporary = entry.with_name(f".{entry.stem}.{os.getpid()}.tmp")
-    try:
-        try:
-            temporary.write_text(body, encoding="utf-8")
-        except FileNotFoundError:  # the folder's first entry
-            entry.parent.mkdir(parents=True, exist_ok=True)
-            temporary.write_text(body, encoding="utf-8")
-        os.replace(temporary, entry)
-    except OSError:
-        pass  # a read-only or full disk only costs speed
-
-
-def dependency_key(path: str, text: str, store: Path | None = None) -> str:
+def dependency_key(path: str, text: str, store: Path | None = None, batch: object | None = None) -> str:
     """The digest of the other files' facts that linting ``path`` (with this text) can use: the
     summaries of the project modules it imports, and the calls of its functions made elsewhere when it
     has a function that receives a GradScaler (TL101 asks who passed it). Empty outside a project or
-    when the file imports nothing of it, so such files keep their plain key."""
+    when the file imports nothing of it. ``batch``: a token shared by the keys of one run, whose
+    lookups are answered once for all its files (records keep the stamps taken before: a folder
+    changed meanwhile fails their check in the next run)."""
+    return _key(path, text, store, batch, recorded_only=False) or ""
+
+
+def recorded_dependency_key(path: str, text: str, store: Path, batch: object | None = None) -> str | None:
+    """``dependency_key`` when the file's record for this very text holds (a warm run); else None."""
+    return _key(path, text, store, batch, recorded_only=True)
+
+
+def _key(path: str, text: str, store: Path | None, batch: object | None, recorded_only: bool) -> str | None:
     project = Project.for_file(path, None, store)
     if project is None:
         return ""
-    parts, scaler = _dependencies(project, text)
-    for name in scaler:
-        parts.append(f"callers:{name}={_callers_digest(project, name)}")
+    with collector_paused():
+        found = _dependencies(project, text, batch, recorded_only)
+        if found is None:
+            return None
+        parts, scaler = found
+        for name in scaler:
+            parts.append(f"callers:{name}={_callers_digest(project, name)}")
     project.index.save_manifest()
-    return _digest(parts) if parts else ""
+    return answer_digest(parts) if parts else ""
 
 
-def _dependencies(project: Project, text: str) -> tuple[list[str], list[str]]:
+def _dependencies(
+    project: Project, text: str, batch: object | None = None, recorded_only: bool = False
+) -> tuple[list[str], list[str]] | None:
     """The project modules the file imports, through package ``__init__`` re-exports, as ``file=facts
-    digest``; and its functions that receive a GradScaler. From the file's record while it holds."""
+    digest``; and its functions that receive a GradScaler. From the file's record while it holds: for
+    the same text, or for a text with the same imports (an edit elsewhere in the file, pre-commit's
+    case: the files they lead to are the record's, checked by their stamps)."""
     index, slot = project.index, str(project.path)
     record = index.recorded(slot)
-    try:
-        if record is not None and record["text"] == index._digest(text):
-            files, digests = _split(record["files"]), _split(record["digests"], " ")
-            scaler = record["scaler"]
-            if (
-                len(digests) == len(files)
-                and isinstance(scaler, list)
-                and all(isinstance(n, str) for n in scaler)
-            ):
-                return [f"{f}={d}" for f, d in zip(files, digests, strict=True)], list(scaler)
-    except (KeyError, TypeError, AttributeError):
-        pass  # damaged: gathered afresh
-    own = project.own = index.summary_of(text)
+    digest = index._digest(text)
+    answer = recorded_answer(record, "text", digest)
+    if answer is not None or recorded_only:
+        return answer
+    own = index.outline_of(text)
+    imports = sorted(own["imports"].values()) if own else []
+    scaler = [
+        name
+        for name, facts in sorted(own["functions"].items() if own else ())
+        if "." not in name and any(receives_scaler(p) for p in facts["params"])
+    ]
+    shape = answer_digest(imports)
+    answer = recorded_answer(record, "imports", shape)
+    if answer is not None and record is not None:
+        index.update_record(slot, text=digest, scaler=scaler)
+        return answer[0], scaler
     found: dict[str, tuple[int, int]] = {}
     digests, keep = [], True
-    with _consulting(index) as folders:
+    with _consulting(index, batch) as folders:
         seen = {str(project.path)}
-        queue = [(project.path, own)] if own is not None else []
+        queue = [(project.path, imports)] if own is not None else []
         while queue:
-            importer, summary = queue.pop(0)
-            for target in sorted(summary["imports"].values()):
-                file = index.imported_file(target, importer)
+            importer, targets = queue.pop(0)
+            for file in index.imported_files(importer, targets):
                 if file is None or str(file) in seen:
                     continue
                 seen.add(str(file))
@@ -632,16 +724,11 @@ def _dependencies(project: Project, text: str) -> tuple[list[str], list[str]]:
                 found[str(file)] = (stamp[0], stamp[1]) if stamp is not None else (-1, -1)
                 if file.name == "__init__.py" and len(seen) < 64:
                     facts = index.summary(file)
-                    if facts is not None:
-                        queue.append((file, facts))  # a package re-exports: the facts are one import further
-    scaler = [
-        name
-        for name, facts in sorted(own["functions"].items() if own else ())
-        if "." not in name and any(receives_scaler(p) for p in facts["params"])
-    ]
+                    if facts is not None:  # a package re-exports: the facts are one import further
+                        queue.append((file, sorted(facts["imports"].values())))
     if keep:
         index.keep_record(
-            slot, folders, found, text=index._digest(text), digests=" ".join(digests), scaler=scaler
+            slot, folders, found, text=digest, imports=shape, digests=" ".join(digests), scaler=scaler
         )
     return [f"{f}={d}" for f, d in zip(found, digests, strict=True)], scaler
 
@@ -655,16 +742,21 @@ def _callers_digest(project: Project, name: str) -> str:
         return str(record["digest"])
     project._walked = None  # walked afresh: the walk's folders are stamped
     with _consulting(index) as folders:
-        digest = _digest(project.callers(project.path, name))
+        digest = answer_digest(project.callers(project.path, name))
     stamps = {str(file): _file_stamp(index, file) for file in project._files()}
     index.keep_record(slot, folders, stamps, digest=digest)
     return digest
 
 
 @contextlib.contextmanager
-def _consulting(index: ProjectIndex) -> Iterator[dict[str, int]]:
-    """Lookups afresh (none answered from before), each stamping the folders it consults (yielded)."""
-    index._modules.clear()
+def _consulting(index: ProjectIndex, batch: object | None = None) -> Iterator[dict[str, int]]:
+    """Lookups stamping the folders they consult (yielded), answered afresh but for those asked
+    before in the same ``batch`` (see ``dependency_key``)."""
+    if batch is None or batch is not index._batch:
+        index._asked.clear()
+        index._expanded.clear()
+        index._mtimes.clear()
+        index._batch = batch
     index._consulted = folders = {}
     try:
         yield folders
@@ -682,18 +774,6 @@ def _file_stamp(index: ProjectIndex, file: Path) -> tuple[int, int]:
     except OSError:
         return (-1, -1)
     return (info.st_mtime_ns, info.st_size)
-
-
-def _stamp(file: str) -> str:
-    try:
-        info = os.stat(file)
-    except OSError:
-        return "-1,-1"
-    return f"{info.st_mtime_ns},{info.st_size}"
-
-
-def _split(joined: str, separator: str = "\0") -> list[str]:
-    return joined.split(separator) if joined else []
 
 
 def receives_scaler(param: list[Any]) -> bool:

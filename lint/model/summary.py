@@ -22,6 +22,7 @@ locations in other files.
 from __future__ import annotations
 
 import ast
+import re
 import warnings
 from typing import Any
 
@@ -31,6 +32,11 @@ _HALF_DTYPES = ("float16", "half", "bfloat16")
 _COLLECTIVES = frozenset({"all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"})
 # methods that convert a whole module's storage to 16-bit (guided-diffusion's UNet, GLIDE)
 _HALF_METHODS = frozenset({"convert_to_fp16", "convert_to_f16", "convert_to_half", "to_fp16"})
+# a call that hands an auxiliary (load-balancing) loss to a tracker: Megatron's
+# ``save_to_aux_losses_tracker``, ``tracker.add_aux_loss``, ``record_aux_loss``
+_AUX_TRACKER = re.compile(
+    r"(save|add|record|track|append|log|update)\w*aux\w*loss|aux\w*loss\w*(track|save|record)", re.I
+)
 
 
 def _dotted(node: ast.AST | None) -> str | None:
@@ -113,23 +119,26 @@ def _converts_data(fn: ast.AST) -> list[int] | None:
     return None
 
 
+def _params(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[list[Any]]:
+    """A function's parameters as [name, default, annotation] (``*args``/``**kwargs`` left out)."""
+    args = node.args
+    positional = [*args.posonlyargs, *args.args]
+    defaults: list[ast.AST | None] = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
+    params = [[a.arg, _literal(d), _dotted(a.annotation)] for a, d in zip(positional, defaults, strict=True)]
+    params += [
+        [a.arg, _literal(d), _dotted(a.annotation)]
+        for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True)
+    ]
+    return params
+
+
 class _Function:
     """The facts of one function body (nested defs excluded, except as ``apply`` callbacks)."""
 
     def __init__(self, node: ast.FunctionDef | ast.AsyncFunctionDef, local_defs: dict[str, ast.AST]) -> None:
         self.node = node
         self.local_defs = local_defs
-        args = node.args
-        positional = [*args.posonlyargs, *args.args]
-        defaults: list[ast.AST | None] = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
-        params = [
-            [a.arg, _literal(d), _dotted(a.annotation)] for a, d in zip(positional, defaults, strict=True)
-        ]
-        params += [
-            [a.arg, _literal(d), _dotted(a.annotation)]
-            for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True)
-        ]
-        self.params = params
+        params = self.params = _params(node)
         self.names = {p[0] for p in params}
         self.facts: dict[str, Any] = {"line": node.lineno, "params": params, "half": {}, "calls": []}
         # a local module converted to 16-bit: name -> [line, column, the parameter guarding it or None]
@@ -163,9 +172,16 @@ class _Function:
         nodes = self.body_nodes()
         backward_of: dict[str, list[int]] = {}
         assigned: dict[str, str] = {}
+        self.values: dict[str, list[ast.AST]] = {}  # name -> the values assigned to it, in order
         scaled: list[int] = []
         unscaled: list[int] = []
         for node in nodes:
+            if (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)
+            ):
+                self.values.setdefault(node.targets[0].id, []).append(node.value)
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
                 callee = _dotted(node.value.func)
                 for target in node.targets:
@@ -255,12 +271,97 @@ class _Function:
             if other is not None and other in backward_of:
                 self.facts["returns_loss"] = backward_of[other]
                 break
+        mean = _token_mean(value, self.values)
+        if mean is not None:
+            self.facts.setdefault("returns_token_mean", _where(mean))
+        divided = _divided_token_mean(value, self.values)
+        if divided is not None:
+            self.facts.setdefault("returns_divided_token_mean", _where(divided))
         if isinstance(value, ast.Call):
             callee = _dotted(value.func)
         else:
             callee = assigned.get(name or "")
         if callee:
             self.facts.setdefault("returns", [callee, *_where(value)])
+
+
+def _token_mean(value: ast.AST, values: dict[str, list[ast.AST]], depth: int = 0) -> ast.AST | None:
+    """Where a returned loss is computed as a mean over the batch's valid tokens, written by hand:
+    ``loss_sum / mask.sum()``, ``(loss * mask).sum() / mask.sum()`` (maybe through names)."""
+    if isinstance(value, ast.Tuple) and value.elts:
+        value = value.elts[0]
+    if isinstance(value, ast.Name) and depth < 3 and values.get(value.id):
+        return _token_mean(values[value.id][-1], values, depth + 1)
+    if not (isinstance(value, ast.BinOp) and isinstance(value.op, ast.Div)):
+        return None
+    if _counts(value.right, values, value) and _counts(value.left, values, value):
+        return value if _about_tokens(value.right, values) else None
+    return None
+
+
+_TOKEN_WORDS = ("mask", "token", "valid", "label", "pad", "ignore")
+
+
+def _divided_token_mean(value: ast.AST, values: dict[str, list[ast.AST]]) -> ast.AST | None:
+    """A loss wrapper's ``return loss / self.accum_steps`` where ``loss`` is a cross-entropy with
+    ``ignore_index`` (a mean over the valid tokens): where the division is."""
+    if isinstance(value, ast.Name) and values.get(value.id):
+        value = values[value.id][-1]
+    if not (isinstance(value, ast.BinOp) and isinstance(value.op, ast.Div)):
+        return None
+    count = (_dotted(value.right) or "").rsplit(".", 1)[-1].lower()
+    if "accum" not in count or any(w in count for w in ("token", "loss", "sum")):
+        return None
+    loss = value.left
+    if isinstance(loss, ast.Name) and values.get(loss.id):
+        loss = values[loss.id][0]
+    if not (
+        isinstance(loss, ast.Call) and (_dotted(loss.func) or "").endswith(("cross_entropy", "nll_loss"))
+    ):
+        return None
+    keywords = {k.arg: k.value for k in loss.keywords}
+    reduction = keywords.get("reduction")
+    if "ignore_index" not in keywords or (reduction is not None and _literal(reduction) != "mean"):
+        return None
+    return value
+
+
+def _about_tokens(count: ast.AST, values: dict[str, list[ast.AST]]) -> bool:
+    """The count names tokens (a mask, valid tokens, labels, padding), directly or one name back: a
+    weighted mean over examples (``(loss * w).sum() / w.sum()``) is not a token mean."""
+    nodes = _walk(count)
+    for node in list(nodes):
+        if isinstance(node, ast.Name):
+            for other in values.get(node.id, ())[-1:]:
+                nodes += _walk(other)
+    for node in nodes:
+        word = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+        if isinstance(node, ast.Constant) and node.value in ("-100", -100):
+            return True
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            word = node.value
+        if any(w in word.lower() for w in _TOKEN_WORDS):
+            return True
+    return False
+
+
+def _counts(expr: ast.AST, values: dict[str, list[ast.AST]], division: ast.AST) -> bool:
+    """``expr`` sums (``x.sum()``, ``count_nonzero``), directly or through a name assigned one, other
+    than the division that is being looked at (``loss = loss / mask.sum()``)."""
+    for node in _walk(expr):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in ("sum", "count_nonzero"):
+                return True
+        if isinstance(node, ast.Name):
+            for other in values.get(node.id, ()):
+                if other is not division and any(
+                    isinstance(n, ast.Call)
+                    and isinstance(n.func, ast.Attribute)
+                    and n.func.attr in ("sum", "count_nonzero")
+                    for n in _walk(other)
+                ):
+                    return True
+    return False
 
 
 def _guards(function: ast.AST, params: set[str]) -> dict[int, str]:
@@ -310,6 +411,8 @@ def _class_facts(node: ast.ClassDef) -> dict[str, Any]:
                 continue
             if isinstance(sub, ast.Call) and (callee := _dotted(sub.func)):
                 calls.append([callee, *_where(sub)])
+                if _AUX_TRACKER.search(callee.rsplit(".", 1)[-1]):
+                    effects.append([f"records an auxiliary loss with `{callee}`", *_where(sub)])
             if (
                 isinstance(sub, ast.Call)
                 and isinstance(sub.func, ast.Attribute)
@@ -371,15 +474,21 @@ def _imports(tree: ast.Module) -> dict[str, str]:
     return out
 
 
+def _parse(text: str) -> ast.Module | None:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
 def summarize(text: str, tree: ast.Module | None = None) -> Summary | None:
     """The facts of one file, or None when CPython cannot parse it. ``tree``: the text's tree, where
     the caller has parsed it already (the engine's gate)."""
     if tree is None:
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                tree = ast.parse(text)
-        except (SyntaxError, ValueError, RecursionError, MemoryError):
+        tree = _parse(text)
+        if tree is None:
             return None
     functions: dict[str, Any] = {}
     classes: dict[str, Any] = {}
@@ -394,6 +503,12 @@ def summarize(text: str, tree: ast.Module | None = None) -> Summary | None:
                     functions[f"{node.name}.{item.name}"] = _function(item, module_defs)
     imports = _imports(tree)
     for name, facts in classes.items():
+        # methods a subclass in another file may call as ``self.method(...)`` (see ``own_method``)
+        methods = [(key.split(".", 1)[1], f) for key, f in functions.items() if key.startswith(f"{name}.")]
+        for fact in ("returns_loss", "returns_token_mean", "returns_divided_token_mean"):
+            named = [method for method, f in methods if fact in f]
+            if named:
+                facts[f"{fact}_methods"] = named
         init = functions.get(f"{name}.__init__")
         # the constructor converts the module itself or hands a submodule to an imported helper (which
         # may convert it: the index decides): instances may hold 16-bit parameters
@@ -412,3 +527,19 @@ def _function(
 ) -> dict[str, Any]:
     nested = {n.name: n for n in node.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
     return _Function(node, {**module_defs, **nested}).summarise()
+
+
+def outline(text: str, tree: ast.Module | None = None) -> Summary | None:
+    """What a file's cache key and its imported facts need of its own text, without a walk of every
+    body: its ``imports`` and the ``params`` of its module-level ``functions`` (as in ``summarize``),
+    or None when CPython cannot parse it. ``tree``: as in ``summarize``."""
+    if tree is None:
+        tree = _parse(text)
+        if tree is None:
+            return None
+    functions = {
+        n.name: {"params": _params(n)}
+        for n in tree.body
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+    }
+    return {"imports": _imports(tree), "functions": functions}

@@ -129,3 +129,28 @@ def called_functions(model: FileModel, target: Target) -> list[tuple[Site, Targe
         if callee is not None:
             out.append((site, callee))
     return out
+
+
+def factory_arguments(model: FileModel, site: Site) -> list[cst.BaseExpression]:
+    """For ``checkpoint(make(m), x)`` (or a partial of it), where ``make`` is this file's factory that
+    returns a nested def calling its parameter (``create_custom_forward(module)``), the arguments the
+    call passes for the parameters the nested def calls: the modules that run under checkpoint."""
+    call = site.node
+    assert isinstance(call, cst.Call)
+    args = positional(call)
+    if model.qualname(call.func, site.scope) == PARTIAL:
+        args = args[1:]
+    made = args[0] if args else None
+    if not isinstance(made, cst.Call) or not (model.qualname(made.func, site.scope) or "").startswith(
+        "<local>."
+    ):
+        return []
+    factory = model.definition(dotted(made.func) or "", site.scope)
+    nested = _returned_def(model, factory) if isinstance(factory, cst.FunctionDef) else None
+    nested_scope = model.scope_for(nested) if nested is not None else None
+    if nested_scope is None or not isinstance(factory, cst.FunctionDef):
+        return []
+    called = {dotted(s.node.func) for s in model.calls_in(nested_scope)}  # type: ignore[attr-defined]
+    params = [p.name.value for p in (*factory.params.posonly_params, *factory.params.params)]
+    passed = positional(made)
+    return [passed[i] for i, name in enumerate(params) if name in called and i < len(passed)]

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from trainlint.model.crossfile import Elsewhere, imported_fact, project_method, returned_callee, shown_path
 from trainlint.model.filemodel import FileModel, Scope, Site
 from trainlint.model.syntax import (
     attr_name,
@@ -67,6 +68,7 @@ class LossOrigin:
     node: cst.CSTNode
     what: str
     reduction: str
+    elsewhere: Elsewhere | None = None  # where another project file computes it
 
 
 def last_part(path: str | None) -> str:
@@ -205,6 +207,11 @@ class TokenEvidence:
         if isinstance(func, cst.Attribute) and func.attr.value in ("from_pretrained", "from_config"):
             func = func.value
         name = last_part(dotted(func))
+        fact = imported_fact(model, func, scope) if model.project is not None else None
+        made = returned_callee(model, fact) if fact is not None else None
+        if made is not None:
+            # a builder of another project file: the kind of the model it returns
+            name = last_part(made[0].removesuffix(".from_pretrained").removesuffix(".from_config"))
         if name.endswith(LM_SUFFIXES):
             return "lm"
         if name.endswith(PER_EXAMPLE_SUFFIXES):
@@ -250,7 +257,29 @@ class TokenEvidence:
             return kind == "lm"
         if self.per_example_names:
             return False
-        return bool(self.lm_names) or self._shifted_targets(call)
+        if self.lm_names or self._shifted_targets(call) or self._masked_targets(call, scope):
+            return True
+        # labels set to -100 position by position: a loss over tokens (a causal LM built out of sight)
+        return any(e.what == "`-100` labels" for e in self.padding)
+
+    def _masked_targets(self, call: cst.Call, scope: Scope) -> bool:
+        """An argument whose padding positions the scope overwrites with an ignore label before the
+        call (``y[y == pad_id] = -1``, ``labels[mask == 0] = -100``): per-token targets, some ignored."""
+        names = {a.value.value for a in call.args if isinstance(a.value, cst.Name)}
+        for site in self.model.assigns:
+            node = site.node
+            if site.scope is not scope or not isinstance(node, cst.Assign) or not _is_negative(node.value):
+                continue
+            for target in node.targets:
+                element = target.target
+                if (
+                    isinstance(element, cst.Subscript)
+                    and isinstance(element.value, cst.Name)
+                    and element.value.value in names
+                    and any(isinstance(n, cst.Comparison) for n in walk(element))
+                ):
+                    return True
+        return False
 
     def _shifted_targets(self, call: cst.Call) -> bool:
         """Next-token targets among the call's arguments (``y[..., 1:]``, ``tokens[:, 1:]``)."""
@@ -278,6 +307,10 @@ class TokenEvidence:
             key = _subscript_key(expr)
             if key == "loss" or key == 0:
                 return self._model_output_origin(expr.value, scope, site, expr)
+            if key is None and not isinstance(expr.slice[0].slice, cst.Slice):
+                # ``per_token[mask]``: selecting valid tokens keeps a per-token loss per token
+                inner = self._origin(expr.value, scope, site, depth + 1, seen)
+                return inner if inner is not None and inner.reduction == "none" else None
             return None
         if isinstance(expr, cst.Call):
             return self._call_origin(expr, scope, site, depth, seen)
@@ -419,8 +452,25 @@ class TokenEvidence:
         if self._configured_token_loss(call.func, scope):
             return LossOrigin(call, "loss built from config, a mean over its non-ignored tokens", "mean")
         if depth < 3:
-            return self._local_function_origin(call, scope, depth, seen)
-        return None
+            local = self._local_function_origin(call, scope, depth, seen)
+            if local is not None:
+                return local
+        return self._project_origin(call, scope)
+
+    def _project_origin(self, call: cst.Call, scope: Scope) -> LossOrigin | None:
+        """A function of another project file (or a base class's method there, ``self.compute_loss``)
+        that returns a mean over its batch's valid tokens written by hand (``loss_sum / mask.sum()``)."""
+        model = self.model
+        if model.project is None:
+            return None
+        fact = project_method(model, call.func, scope)
+        if fact is None or fact.kind != "function" or "returns_token_mean" not in fact.facts:
+            return None
+        line, column = fact.facts["returns_token_mean"]
+        where = Elsewhere(
+            shown_path(fact.path), line, column, f"`{fact.name}` averages over the valid tokens here"
+        )
+        return LossOrigin(call, f"`{fact.name}` returns a mean over the batch's valid tokens", "mean", where)
 
     def _criterion_constructor(self, func: cst.BaseExpression, scope: Scope) -> cst.Call | None:
         if dotted(func) is None:
@@ -589,6 +639,15 @@ class TokenEvidence:
                 ):
                     return True
         return False
+
+
+def _is_negative(expr: cst.CSTNode) -> bool:
+    """A negative integer literal: an ignore label (``-1``, ``-100``)."""
+    return (
+        isinstance(expr, cst.UnaryOperation)
+        and isinstance(expr.operator, cst.Minus)
+        and isinstance(expr.expression, cst.Integer)
+    )
 
 
 def _is_minus_one(expr: cst.CSTNode) -> bool:

@@ -400,11 +400,42 @@ def counted_by_callers(model: FileModel, expr: cst.BaseExpression, scope: Scope)
         positional_args = [a.value for a in call.args if a.keyword is None and not a.star]
         passed += positional_args[index : index + 1]
         value = passed[0] if passed else None
-        if not (isinstance(value, cst.Call) and model.qualname(value.func, site.scope) == "builtins.len"):
-            return False
-        counted = dotted(value.args[0].value) if value.args else None
-        loops = [f.node for f in site.frames if f.kind == "loop" and isinstance(f.node, cst.For)]
-        if counted is None or not any(dotted(loop.iter) == counted for loop in loops):  # type: ignore[attr-defined]
+        if value is None or not _len_of_a_loop(model, value, site):
             return False
         found = True
     return found
+
+
+def _len_of_a_loop(model: FileModel, value: cst.BaseExpression, site: Site) -> bool:
+    """``len(batches)`` where ``site`` sits in a ``for`` loop over ``batches`` (or ``enumerate(batches)``)."""
+    if not (isinstance(value, cst.Call) and model.qualname(value.func, site.scope) == "builtins.len"):
+        return False
+    counted = dotted(value.args[0].value) if value.args else None
+    if counted is None:
+        return False
+    for frame in site.frames:
+        if frame.kind == "loop" and isinstance(frame.node, cst.For):
+            source = frame.node.iter
+            if isinstance(source, cst.Call) and dotted(source.func) == "enumerate" and source.args:
+                source = source.args[0].value
+            if dotted(source) == counted:
+                return True
+    return False
+
+
+def counts_loop_items(model: FileModel, expr: cst.BaseExpression, site: Site) -> bool:
+    """The number of micro-batches a division inside the loop over them divides by: ``len(batches)``
+    in ``for batch in batches``, or a name of the scope bound to it before (``n = len(batches)``)."""
+    if _len_of_a_loop(model, expr, site):
+        return True
+    if not isinstance(expr, cst.Name):
+        return False
+    values = [
+        s.node.value
+        for s in model.assigns
+        if s.scope is site.scope
+        and s.order < site.order
+        and isinstance(s.node, cst.Assign)
+        and any(isinstance(t.target, cst.Name) and t.target.value == expr.value for t in s.node.targets)
+    ]
+    return bool(values) and _len_of_a_loop(model, values[-1], site)

@@ -49,16 +49,22 @@ def install(monitor: Monitor) -> None:
         counting_hook.__annotations__ = {}  # DDP checks them and this module's are strings
         return counting_hook
 
+    def hooked(model: Any) -> None:
+        state.hooked.add(model)
+        group = getattr(model, "process_group", None)
+        if group is not None:  # freed after the run, not by the model's reducer: see Monitor
+            monitor.keep_until_released(group)
+
     def make_register(original: Any) -> Any:
         def register_comm_hook(model: Any, hook_state: Any, hook: Any) -> Any:
-            state.hooked.add(model)
+            hooked(model)
             return original(model, hook_state, counted(hook))
 
         return register_comm_hook
 
     def make_builtin(original: Any) -> Any:
         def _register_builtin_comm_hook(model: Any, *args: Any, **kwargs: Any) -> Any:
-            state.hooked.add(model)  # a C++ hook cannot be wrapped: this model's all-reduces go uncounted
+            hooked(model)  # a C++ hook cannot be wrapped: this model's all-reduces go uncounted
             return original(model, *args, **kwargs)
 
         return _register_builtin_comm_hook
@@ -68,7 +74,7 @@ def install(monitor: Monitor) -> None:
             if model not in state.hooked:
                 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-                state.hooked.add(model)
+                hooked(model)
                 DDP.register_comm_hook(model, None, allreduce_hook)  # the patched one: counted
             return original(model, *args, **kwargs)
 

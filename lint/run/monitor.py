@@ -92,6 +92,7 @@ class Monitor:
         self.on_window: list[Callable[[list[Any], tuple[str, int] | None], None]] = []
         self._patches: list[tuple[Any, str, Any]] = []
         self._handles: list[Any] = []
+        self._kept: list[Any] = []  # see keep_until_released
         self._in_backward = 0
         self.installed = False
 
@@ -146,6 +147,22 @@ class Monitor:
         self._handles.clear()
         self._patches.clear()
         self.installed = False
+
+    def keep_until_released(self, obj: Any) -> None:
+        """Hold ``obj`` until ``release()``, which the runner calls once the script's globals are gone.
+
+        For a process group: DDP's C++ reducer holds one, and once ``destroy_process_group()`` dropped
+        the world's reference, freeing the script's model would free the group from the reducer's
+        destructor, with the GIL held, while gloo joins its worker threads. A worker still letting go of
+        a finished collective of tensors made in Python (trainlint's TL502 gather, the comm hook's
+        all-reduce) needs the GIL for that: a deadlock, seen under load. Dropped from Python instead,
+        torch's holder releases the GIL before the group's destructor runs.
+        """
+        if not any(kept is obj for kept in self._kept):
+            self._kept.append(obj)
+
+    def release(self) -> None:
+        self._kept.clear()
 
     @contextlib.contextmanager
     def active(self) -> Iterator[Monitor]:

@@ -42,6 +42,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     monitor = config.stash.get(_MONITOR, None)
     if monitor is not None:
         monitor.uninstall()
+        monitor.release()
         del config.stash[_MONITOR]
 
 

@@ -52,6 +52,7 @@ def run_target(target: Target, monitor: Monitor) -> Outcome:
             if os.path.abspath(path).startswith(folder + os.sep):
                 del sys.modules[name]
     outcome.loaded = frozenset(loaded)
+    monitor.release()  # the script's globals (and any exception holding them) are gone by now
     return outcome
 
 

@@ -15,6 +15,7 @@ gradient holds fewer elements than the unsharded parameter.
 
 from __future__ import annotations
 
+import array
 import hashlib
 import importlib
 import weakref
@@ -101,11 +102,19 @@ def _passing(state: ShardState, current: Pass, indices: list[int]) -> Any:
     current.steps = state.monitor.steps - current.steps_at_start
 
 
+def _digest(indices: list[Any]) -> str:
+    try:  # the raw 64-bit integers, not their repr: half the time on a pass of a million samples
+        data = array.array("q", indices).tobytes()
+    except (TypeError, OverflowError):  # a subclass's own index type
+        data = repr(indices).encode()
+    return hashlib.sha1(data).hexdigest()[:12]
+
+
 def _new_pass(state: ShardState, sampler: Any, seen: SamplerState, indices: list[int]) -> Pass:
     steps = state.monitor.steps
     if seen.passes and seen.passes[-1].steps is None:  # left before its end
         seen.passes[-1].steps = steps - seen.passes[-1].steps_at_start
-    digest = hashlib.sha1(repr(indices).encode()).hexdigest()[:12]
+    digest = _digest(indices)
     epoch = int(getattr(sampler, "epoch", 0))
     seen.passes.append(Pass(epoch, digest, steps))
     done = seen.passes[:-1]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Iterable
+from typing import Any
 
 from trainlint.rule import Finding
 
@@ -30,14 +31,16 @@ def verify_findings(
     sources: dict[str, str],
     device: str = "auto",
     timeout: float = 60.0,
+    early: Any = None,
 ) -> list[Finding]:
-    """The findings in the same order, with a ``verify`` dict on those whose rule has a probe."""
+    """The findings in the same order, with a ``verify`` dict on those whose rule has a probe.
+    ``early``: a child from ``runner.start_early``, started before linting (used or ended here)."""
     from trainlint.notebook_fix import back_in_cells, for_verify
     from trainlint.verify.harness import verify_all
 
     original = list(findings)
     in_code, code = for_verify(original, sources)  # a notebook's probes run on its joined code cells
-    return back_in_cells(verify_all(in_code, code, device=device, timeout=timeout), original)
+    return back_in_cells(verify_all(in_code, code, device=device, timeout=timeout, early=early), original)
 
 
 __all__ = ["torch_available", "torch_version", "verify_findings"]

@@ -9,6 +9,8 @@ it, so the probe reports ``not-executable`` naming it instead of guessing.
 
 from __future__ import annotations
 
+import ast
+import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -184,9 +186,51 @@ class Program:
         lines.extend(line + "\n" for line in self.overrides)
         lines.extend(plan.code + "\n" for plan in self.classes)
         lines.append("__tl__.seed(0)\n")
+        # always set: the child runs the programs of other files before this one
+        lines.append(f"__tl__.config_defaults({config_field_defaults(self.carry.model)!r})\n")
         lines.extend(line + "\n" for line in self.setup)
         lines.append(self.run)
         return "".join(lines)
+
+
+@functools.lru_cache(maxsize=16)  # one walk per file model, not one per program rendered
+def config_field_defaults(model: FileModel) -> dict[str, object]:
+    """Settings fields the file reads with a default of its own: ``getattr(config, "field", "absolute")``
+    gives ``"absolute"``, a field tested ``config.field is None`` (an optional feature) gives None. A
+    settings stand-in answers these by name (and says so) instead of leaving them unbound."""
+    out: dict[str, object] = {}
+    for node in walk(model.module):
+        if isinstance(node, cst.Call) and dotted(node.func) == "getattr" and len(node.args) == 3:
+            target, field_, default = (a.value for a in node.args)
+            head = (dotted(target) or "").rsplit(".", 1)[-1]
+            if SETTINGS_NAMES.search(head) and isinstance(field_, cst.SimpleString) and is_literal(default):
+                try:
+                    out.setdefault(str(field_.evaluated_value), ast.literal_eval(model.code(default)))
+                except (ValueError, SyntaxError):
+                    continue
+        elif isinstance(node, cst.Comparison) and len(node.comparisons) == 1:
+            test = node.comparisons[0]
+            path = dotted(node.left) or ""
+            head, _, attr = path.rpartition(".")
+            if not attr or not SETTINGS_NAMES.search(head.rsplit(".", 1)[-1]):
+                continue
+            if isinstance(test.operator, cst.Is | cst.IsNot) and dotted(test.comparator) == "None":
+                out.setdefault(attr, None)
+            elif isinstance(test.comparator, cst.Integer):
+                # `config.pretraining_tp > 1`: the bound itself, which leaves the optional branch off
+                shift = {cst.GreaterThanEqual: -1, cst.LessThanEqual: 1, cst.GreaterThan: 0, cst.LessThan: 0}
+                if type(test.operator) in shift:
+                    out.setdefault(attr, int(test.comparator.value) + shift[type(test.operator)])
+    # a flag or mode a function of the file takes with a default of the same name
+    # (`_expand_mask(..., enable_mmca_attention=False)` for `config.enable_mmca_attention`)
+    for node in walk(model.module):
+        if isinstance(node, cst.Param) and node.default is not None:
+            default = node.default
+            if (isinstance(default, cst.Name) and default.value in ("True", "False")) or isinstance(
+                default, cst.SimpleString
+            ):
+                out.setdefault(node.name.value, ast.literal_eval(model.code(default)))
+    return out
 
 
 class Synth:
@@ -470,8 +514,12 @@ def constructor_call(model: FileModel, class_name: str, carry: Carry | None = No
     return f"{class_name}({', '.join(args)})"
 
 
-def _construction_literals(model: FileModel, class_name: str, init: cst.FunctionDef) -> dict[str, str]:
-    """Literal arguments of the first ``ClassName(...)`` call in the file, by parameter name."""
+def _construction_literals(
+    model: FileModel, class_name: str, init: cst.FunctionDef, depth: int = 0
+) -> dict[str, str]:
+    """Literal arguments of the first ``ClassName(...)`` call in the file, by parameter name. An
+    argument that is a parameter of the ``__init__`` building it (``growth_rate=growth_rate`` in
+    ``_DenseBlock``) takes that parameter's default, or what that class's own construction passes."""
     params = [name for name, _, _ in function_params(init)[1:]]
     for site in model.calls:
         call = site.node
@@ -490,8 +538,27 @@ def _construction_literals(model: FileModel, class_name: str, init: cst.Function
                 name = arg.keyword.value
             if name is not None and is_literal(arg.value):
                 out[name] = model.code(arg.value)
+            elif name is not None and isinstance(arg.value, cst.Name) and depth < 4:
+                passed = _outer_value(model, site.scope, arg.value.value, depth)
+                if passed is not None:
+                    out[name] = passed
         return out
     return {}
+
+
+def _outer_value(model: FileModel, scope, name: str, depth: int) -> str | None:
+    """The literal a parameter of the enclosing ``__init__`` holds: its default, else the literal its
+    class's own construction passes (climbing at most four classes)."""
+    binding = model.lookup(name, scope)
+    func = scope.node
+    if binding is None or binding.kind != "param" or not isinstance(func, cst.FunctionDef):
+        return None
+    if isinstance(binding.node, cst.Param) and binding.node.default is not None:
+        return model.code(binding.node.default) if is_literal(binding.node.default) else None
+    owner = scope.enclosing_class
+    if func.name.value != "__init__" or owner is None or not isinstance(owner.node, cst.ClassDef):
+        return None
+    return _construction_literals(model, owner.node.name.value, func, depth + 1).get(name)
 
 
 def param_value(
@@ -515,6 +582,10 @@ def param_value(
         return "__tl__.layers(2)"
     if CONFIG_NAMES.search(name) or (SIZE_NAMES.search(name) and "attribute" not in kinds):
         return f"__tl__.arg({name!r})"
+    if "count" in kinds:
+        # a whole number the code compares or counts with (`blocks_per_ckpt < 1`, `range(0, n, k)`):
+        # 1 fits any such use (a chunk of one, one step); named in the detail
+        return f"__tl__.chosen({name!r}, 1)"
     if IDS_NAMES.search(name):
         return '__tl__.data("ids")'
     if POSITION_NAMES.search(name):
@@ -524,6 +595,35 @@ def param_value(
     if LABEL_NAMES.search(name):
         return '__tl__.data("labels")'
     return '__tl__.data("float")'
+
+
+INT_ANNOTATIONS = re.compile(r"^(int|Optional\[int\]|int \| None|None \| int)$")
+
+
+def _code(node: cst.CSTNode) -> str:
+    return cst.Module(body=[]).code_for_node(node)
+
+
+def counted(func: cst.FunctionDef, name: str, param: cst.Param, parents: dict[int, cst.CSTNode]) -> bool:
+    """Whether a parameter is a whole number by its annotation (``int``, ``Optional[int]``) or by its
+    uses: compared with an integer literal, or a bound or step of ``range``."""
+    if param.annotation is not None and INT_ANNOTATIONS.match(_code(param.annotation.annotation)):
+        return True
+    if any(p.search(name) for p in (IDS_NAMES, MASK_NAMES, LABEL_NAMES, POSITION_NAMES)):
+        return False  # data by its name (`mask == 0` is a tensor's test)
+    ordering = cst.LessThan | cst.GreaterThan | cst.LessThanEqual | cst.GreaterThanEqual
+    for node in names_used(func, name):
+        parent = parents.get(id(node))
+        if isinstance(parent, cst.Comparison) and any(
+            isinstance(c.comparator, cst.Integer) and isinstance(c.operator, ordering)
+            for c in parent.comparisons
+        ):
+            return True
+        if isinstance(parent, cst.Arg):
+            call = parents.get(id(parent))
+            if isinstance(call, cst.Call) and dotted(call.func) == "range":
+                return True
+    return False
 
 
 def function_params(func: cst.FunctionDef) -> list[tuple[str, cst.Param, str]]:
@@ -555,9 +655,18 @@ def call_entry(
     if receiver is not None:
         params = params[1:]  # self
     args, module_args, inputs = [], [], []
+    # `forward(self, input_ids=None, attention_mask=None, ...)`: every input optional; the first one
+    # (by its name: token ids, pixels, hidden states) is given, as a caller would
+    first_input = next((n for n, p, _ in params if _optional_input(n, p)), None)
+    if any(p.default is None for _, p, _ in params):
+        first_input = None
     for name, param, how in params:
         kinds = usage(names_used(plan_func, name), parents)
+        if counted(plan_func, name, param, parents):
+            kinds.add("count")
         value = param_value(name, param, kinds, conditions, model)
+        if name == first_input:
+            value = element_data(name)
         if "indexed" in kinds and param.default is None and name not in conditions:
             value = unpacked_batch(plan_func, name) or value
         var = f"__tl_arg_{name}"
@@ -569,10 +678,28 @@ def call_entry(
         elif "data(" in value:
             inputs.append(name)
         args.append(f"{name}={var}" if how == "kw" or param.default is not None else var)
+    star = plan_func.params.star_arg
+    if isinstance(star, cst.Param):
+        # `forward(self, *prev_features)`: one synthetic tensor (DenseNet's layers take a list of them)
+        name = star.name.value
+        program.setup.append(f'__tl_arg_{name} = __tl__.data("float")')
+        inputs.append(name)
+        args.append(f"*(__tl_arg_{name},)")
+        args.sort(key=lambda a: "=" in a)  # keywords after the unpacked positionals
     program.setup.append("__tl_inputs__ = {" + ", ".join(f"{n!r}: __tl_arg_{n}" for n in inputs) + "}")
     target = f"{receiver}.{func.name.value}" if receiver else func.name.value
     program.run = f"def __tl_run__():\n    return {target}({', '.join(args)})\n"
     return module_args
+
+
+INPUT_NAMES = re.compile(
+    r"^(input_ids|x|inputs?|hidden_states|pixel_values|input_values|features|tokens|idx)$"
+)
+
+
+def _optional_input(name: str, param: cst.Param) -> bool:
+    default = param.default
+    return isinstance(default, cst.Name) and default.value == "None" and bool(INPUT_NAMES.match(name))
 
 
 ELEMENT_LABELS = re.compile(r"(^|_)(labels?|targets?)$")

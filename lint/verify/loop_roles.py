@@ -3,6 +3,7 @@ optimizers as the file builds them, the model, schedulers, the accumulation coun
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 import libcst as cst
@@ -121,7 +122,10 @@ def _is_scheduler(model, scope: Scope, event) -> bool:
     recv = receiver(event.call)
     if any("lr_scheduler" in (callee or "") for _, callee in model.call_values(recv, scope)):
         return True
-    return "sched" in (event.key or "").rsplit(".", 1)[-1].lower()
+    # ``g_sch, d_sch = self.lr_schedulers()`` (Lightning)
+    if any((dotted(call.func) or "").endswith("lr_schedulers") for call, _ in model.call_values(recv, scope)):
+        return True
+    return bool(SCHEDULER_NAME.search((event.key or "").rsplit(".", 1)[-1].lower()))
 
 
 def parameters_owner(model, scope: Scope, event, events) -> bool:
@@ -155,7 +159,9 @@ def scaler_enabled(model, scope: Scope, key: str) -> str:
 def index_bindings(model, loop: Frame | None, free: list[str], window: LoopWindow) -> list[str]:
     """``i = __tl_step__`` for the index of ``for i, batch in enumerate(loader)`` / ``for i in
     range(n)``; the iterable becomes a ``Loader`` whose length is the iteration count."""
-    if loop is None or not isinstance(loop.node, cst.For):
+    if loop is None:
+        return _step_function_index(model, free, window)
+    if not isinstance(loop.node, cst.For):
         return []
     node = loop.node
     lines: list[str] = []
@@ -192,6 +198,31 @@ def index_bindings(model, loop: Frame | None, free: list[str], window: LoopWindo
     key = dotted(source) if source is not None else None
     if key and key.split(".")[0] in free:
         window.roles.setdefault(key, f"__tl__.Loader({key!r}, {window.iterations})")
+    return lines
+
+
+SCHEDULER_NAME = re.compile(r"sched|(^|_)sch($|_)")  # ``lr_scheduler``, ``g_sch``
+# parameters of a function run once per batch that count the batches (Lightning's ``batch_idx``)
+STEP_INDEX_PARAMS = frozenset(
+    {"batch_idx", "batch_nb", "batch_index", "step", "global_step", "iteration", "it"}
+)
+
+
+def _step_function_index(model, free: list[str], window: LoopWindow) -> list[str]:
+    """In a step function (``training_step(self, batch, batch_idx)``, run once per batch), the
+    parameter that counts the batches counts the probe's iterations."""
+    node = window.scope.node
+    if not isinstance(node, cst.FunctionDef):
+        return []
+    lines = []
+    for param in node.params.params:
+        name = param.name.value
+        if name in STEP_INDEX_PARAMS and name in free and param.default is None:
+            lines.append(f"{name} = __tl_step__")
+            window.reserved.add(name)
+            window.notes.append(
+                f"`{name}` counts the probe's iterations (`{node.name.value}` runs once per batch)"
+            )
     return lines
 
 

@@ -10,18 +10,26 @@ flagged statement), plus earlier statements that compute flags or counters it re
   backward calls all run as written;
 - assignments whose results nothing in the window reads any more (moving data to the device, the
   forward whose output only fed the loss) become ``pass``, and logging calls become ``None``;
-- the loop's index variable counts the probe's iterations; counters and running totals start from the
-  literal value the function gives them before the loop.
+- the loop's index variable counts the probe's iterations (in a step function run once per batch,
+  Lightning's ``training_step``, its ``batch_idx`` parameter does); counters and running totals start
+  from the literal value the function gives them before the loop;
+- a loss read by key (``out["loss"].backward()``, ``f(x)["loss"].mean()``) comes in a dict under
+  that key; a flagged statement in a loop nested in the training loop (``for k, v in
+  out.items(): total[k] += v``) gets the body of the loop that also holds the backward.
 
 Roles are bound as elsewhere: the scaler to a GradScaler with a large fixed scale (``enabled=`` kept),
 the optimizer to the user's class over the tiny model (watched, so that every real step records the
 gradients it applied), the model to the tiny model, ``accelerator``/``fabric`` to a plain backward, the
-accumulation count to the file's value, learning-rate schedulers to no-ops (noted). Any other free name
-goes through the ``Binder`` and, if it cannot be bound, makes the probe ``not-executable``.
+accumulation count to the file's value, learning-rate schedulers to no-ops (noted), Lightning's
+``self.manual_backward`` to a plain backward. Names the probe cannot build but whose use does not
+decide the verdict are named in the notes: a context manager only entered (a no-op context), keyword
+arguments only unpacked (``**kwargs``, passed empty), a clip threshold set at run time (1.0). Any other
+free name goes through the ``Binder`` and, if it cannot be bound, makes the probe ``not-executable``.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -36,6 +44,7 @@ from trainlint.model import (
     exclusive,
     in_loop,
     innermost_loop,
+    is_backward_call,
     positional,
     receiver,
     walk,
@@ -51,6 +60,11 @@ from trainlint.verify.source import NotExecutable, analyse_names, indent, is_lit
 from trainlint.verify.window import (
     Binder,
     Region,
+    clip_threshold_names,
+    context_only_names,
+    output_key,
+    start_value,
+    unpacked_only_names,
     window_code,
 )
 
@@ -104,6 +118,11 @@ LOSS_METHODS = frozenset(
         "reshape",
     }
 )
+EMA_CALL = re.compile(
+    r"(^|[._])(update_)?ema(_model)?([._]|$)", re.IGNORECASE
+)  # ``update_ema(...)``, ``ema.update()``
+LIGHTNING_ACCESSORS = frozenset({"self.optimizers", "self.lr_schedulers"})
+LIGHTNING_CLIPS = frozenset({"self.clip_gradients", "self.configure_gradient_clipping"})
 STEP_KINDS = ("scaled_backward", "backward", "unscale", "update", "scaler_step", "step", "zero_grad", "clip")
 MAX_ITERATIONS = 16
 
@@ -241,14 +260,31 @@ class LoopWindow:
             wanted.extend(n for n in inner.free if n not in variant_roles)
             attrs.extend(a for a in inner.attrs if a not in attrs)
         wanted.extend(names.free)
+        for line in self.state:  # a start value may name an import (``defaultdict``)
+            wanted.extend(n for n in analyse_names(line + "\n").free if n not in wanted)
         free = [n for n in dict.fromkeys(wanted) if n not in self.reserved and not n.startswith("__tl")]
         binder.bind(free, attrs)
+        unpacked = unpacked_only_names(window)
+        # a clip threshold the function sets at run time (not one it never sets: that stays unbound)
+        thresholds = {
+            n for n in clip_threshold_names(window) if self.ctx.model.values_of(cst.Name(n), self.scope)
+        }
         for name in binder.unbound:
             if name in self.contexts:  # only ever entered as ``with ctx:``: a no-op context
                 binder.lines.append(f"{name} = __tl__.NullContext({name!r})")
                 note = f"`{name}` (a context manager the probe cannot build) entered as a no-op context"
-                if note not in self.notes:
-                    self.notes.append(note)
+            elif name in thresholds:  # it does not decide these probes
+                binder.lines.append(f"{name} = 1.0")
+                note = f"`{name}` (the clip threshold, set at run time) taken as 1.0"
+            elif name in unpacked:  # only ever passed as ``f(**kwargs)``: the callee's defaults
+                binder.lines.append(f"{name} = {{}}")
+                note = (
+                    f"`{name}` (keyword arguments the probe cannot build) passed empty: `**{name}` gives none"
+                )
+            else:
+                continue
+            if note not in self.notes:
+                self.notes.append(note)
         self.notes.extend(n for n in binder.notes if n not in self.notes)
         assert binder.carry is not None
         steps = iterations or self.iterations
@@ -286,6 +322,8 @@ class _Cut:
     common: list[TextEdit] = field(default_factory=list)
     excluded: set[int] = field(default_factory=set)  # ids of nodes whose text the edits replace
     per_iteration: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    step_function: bool = False  # the window is cut from a function body, not a loop's
 
     def at(self, node: cst.CSTNode) -> int:
         if id(node) not in self.index:
@@ -314,7 +352,7 @@ def build_loop(
     loop, cut = _loop_body(ctx.model, anchor, backward)
     backward_receiver, producer_index = _replace_loss(cut, backward, model_expr)
     events, lo, hi, kept = _which_statements(cut, anchor, backward, relevant, producer_index)
-    kept = _with_earlier_statements(cut, kept, lo)
+    kept = _with_later_counters(cut, _with_earlier_statements(cut, kept, lo), hi)
     _drop_dead_assignments(cut, kept, {id(s.node) for s in (anchor, backward, *relevant)}, events)
     window = LoopWindow(
         ctx=ctx,
@@ -329,12 +367,16 @@ def build_loop(
     )
     as_written = window.code([])
     names = analyse_names(as_written)
-    window.contexts = _context_only_names(as_written)
+    window.contexts = context_only_names(as_written)
     # -- the loop's own variables -------------------------------------------------------------------
     cut.per_iteration[:0] = index_bindings(ctx.model, loop, names.free, window)
     # -- roles --------------------------------------------------------------------------------------
-    if backward_receiver:
+    if backward_receiver == "self" and attr_name(backward.node) == "manual_backward":  # type: ignore[arg-type]
+        window.roles["self.manual_backward"] = "__tl__.Backward().backward"
+        window.notes.append("`self.manual_backward(loss)` (Lightning) runs `loss.backward()`")
+    elif backward_receiver:
         window.roles[backward_receiver] = "__tl__.Backward()"
+    window.notes.extend(n for n in cut.notes if n not in window.notes)
     window_events = [e for e in events if lo <= cut.at(e.site.node) <= hi or cut.at(e.site.node) in kept]
     training_roles(cut, window, window_events, events, kept)
     count = accumulation_roles(ctx, cut.scope, cut.statements(kept), window.roles, window.notes)
@@ -356,7 +398,14 @@ def _loop_body(model: FileModel, anchor: Site, backward: Site) -> tuple[Frame | 
         raise NotExecutable("the backward call is in another function than the flagged call")
     loop = innermost_loop(anchor)
     if loop is not None and not in_loop(backward, loop):
-        raise NotExecutable("the backward call is not in the loop of the flagged call")
+        # ``for name, value in out.items(): total[name] += value`` inside the training loop: the
+        # window is the body of the loop that holds both
+        around = [
+            f for f in anchor.frames if f.kind == "loop" and f.branch == "body" and in_loop(backward, f)
+        ]
+        if not around:
+            raise NotExecutable("the backward call is not in the loop of the flagged call")
+        loop = around[-1]
     if loop is not None:
         block = loop.node.body  # type: ignore[attr-defined]
         if not isinstance(block, cst.IndentedBlock):
@@ -372,7 +421,7 @@ def _loop_body(model: FileModel, anchor: Site, backward: Site) -> tuple[Frame | 
     for i, stmt in enumerate(body):
         for node in walk(stmt):
             index[id(node)] = i
-    return loop, _Cut(model, scope, body, index)
+    return loop, _Cut(model, scope, body, index, step_function=loop is None)
 
 
 def _replace_loss(cut: _Cut, backward: Site, model_expr: str) -> tuple[str | None, int | None]:
@@ -382,14 +431,23 @@ def _replace_loss(cut: _Cut, backward: Site, model_expr: str) -> tuple[str | Non
     model, scope = cut.model, cut.scope
     call = backward.node
     assert isinstance(call, cst.Call)
+    if not is_backward_call(call):  # a function of the file that runs the backward
+        raise NotExecutable(
+            f"the backward runs inside `{model.code(call.func)}(...)` (line {model.position(call).start.line}), "
+            "which the loop calls: the probe runs the loop's own statements, not the functions it calls"
+        )
     loss_expr, backward_receiver = loss_expression(model, call)
     kind, root = _loss_root(model, scope, loss_expr)
-    synthetic = f"__tl__.micro_loss({model_expr})"
+    base = synthetic = f"__tl__.micro_loss({model_expr})"
     output = f"__tl__.Output(loss={synthetic}, logits=None)"
     if kind in ("call", "output"):
-        cut.replace(root, synthetic if kind == "call" else output)
+        key = output_key(loss_expr, root) if kind == "call" else None
+        cut.replace(root, (f"{{{key!r}: {base}}}" if key else synthetic) if kind == "call" else output)
         return backward_receiver, None
     name = root.value if kind == "name" else root.value.value  # type: ignore[union-attr]
+    key = output_key(loss_expr, root) if kind == "name" else None
+    if key is not None:  # ``output["loss"].backward()``: what computes ``output`` gives a dict
+        synthetic = f"{{{key!r}: {synthetic}}}"
     value_text = synthetic if kind == "name" else output
     producers = _loss_producers(cut, backward, name)
     if not producers:
@@ -413,7 +471,8 @@ def _replace_loss(cut: _Cut, backward: Site, model_expr: str) -> tuple[str | Non
             except NotExecutable:
                 inner_kind, inner = "", value
             if inner_kind == "call" and kind == "name":
-                replaced, text = inner, synthetic
+                inner_key = output_key(value, inner)  # ``training_losses(...)["loss"].mean()``
+                replaced, text = inner, (f"{{{inner_key!r}: {base}}}" if inner_key else synthetic)
             elif inner_kind == "output":
                 replaced, text = inner, output
         cut.replace(replaced, text)
@@ -459,10 +518,16 @@ def _which_statements(
     wanted = [cut.at(anchor.node), cut.at(backward.node), *(cut.at(s.node) for s in relevant)]
     if producer_index is not None:
         wanted.append(producer_index)
+    # a step function (``training_step``) may go on to train another model (a GAN's discriminator)
+    # after this one's step: another optimizer's steps after it are left out
+    last = max(wanted) if cut.step_function else len(cut.body)
+    own = {e.key for e in events if e.kind in ("step", "zero_grad") and cut.at(e.site.node) <= last}
     for e in events:
         if e.kind in ("step", "zero_grad") and not training.is_optimizer_like(receiver(e.call), scope):
             if not (e.kind == "zero_grad" and parameters_owner(model, scope, e, events)):
                 continue
+        if e.kind in ("step", "zero_grad") and cut.at(e.site.node) > last and e.key not in own:
+            continue
         wanted.append(cut.at(e.site.node))
     lo, hi = min(wanted), max(wanted)
     for stmt in cut.body[lo : hi + 1]:
@@ -481,6 +546,23 @@ def _which_statements(
             ):
                 if not any(_contains(node, s.node) for s in (anchor, backward, *relevant)):
                     cut.replace(node.value, "None")
+            elif (
+                isinstance(node, cst.Expr)
+                and isinstance(node.value, cst.Call)
+                and (
+                    dotted(node.value.func) in LIGHTNING_CLIPS
+                    or EMA_CALL.search(dotted(node.value.func) or "")
+                )
+            ):
+                # Lightning's own clipping runs the same in both variants; an EMA of the weights does
+                # not change the model nor the gradients a step applies
+                cut.replace(node.value, "None")
+                what = (
+                    "Lightning"
+                    if dotted(node.value.func) in LIGHTNING_CLIPS
+                    else "a moving average of the weights"
+                )
+                cut.notes.append(f"`{dotted(node.value.func)}(...)` ({what}) left out")
     return events, lo, hi, list(range(lo, hi + 1))
 
 
@@ -513,13 +595,32 @@ def _reads(stmts: list[cst.CSTNode], excluded: set[int], dropped: set[int]) -> s
     return out
 
 
+def _with_later_counters(cut: _Cut, kept: list[int], hi: int) -> list[int]:
+    """``kept`` with the later statements of the body that count iterations the window's conditions
+    read (``global_step += 1`` at the end of the loop body): without them the count never moves."""
+    needed = _reads(cut.statements(kept), cut.excluded, set())
+    later = []
+    for i in range(hi + 1, len(cut.body)):
+        stmt = cut.body[i]
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        if any(
+            isinstance(small, cst.AugAssign)
+            and isinstance(small.target, cst.Name)
+            and small.target.value in needed
+            for small in stmt.body
+        ) and all(isinstance(small, cst.AugAssign) and is_literal(small.value) for small in stmt.body):
+            later.append(i)
+    return sorted({*kept, *later})
+
+
 def _with_earlier_statements(cut: _Cut, kept: list[int], lo: int) -> list[int]:
     """``kept`` with the earlier statements that compute names the window reads (flags, counters)."""
     kept = list(kept)
     needed = _reads(cut.statements(kept), cut.excluded, set())
     for i in range(lo - 1, -1, -1):
         stmt = cut.body[i]
-        if not isinstance(stmt, cst.SimpleStatementLine):
+        if not isinstance(stmt, cst.SimpleStatementLine) or _lightning_accessor(stmt):
             continue
         assigned = set()
         for small in stmt.body:
@@ -533,6 +634,16 @@ def _with_earlier_statements(cut: _Cut, kept: list[int], lo: int) -> list[int]:
             needed |= _reads([stmt], cut.excluded, set())
     kept.sort()
     return kept
+
+
+def _lightning_accessor(stmt: cst.SimpleStatementLine) -> bool:
+    """``g_opt, d_opt = self.optimizers()``: the probe builds the optimizers and schedulers itself."""
+    return any(
+        isinstance(small, cst.Assign)
+        and isinstance(small.value, cst.Call)
+        and dotted(small.value.func) in LIGHTNING_ACCESSORS
+        for small in stmt.body
+    )
 
 
 def _assignment_lines(cut: _Cut, kept: list[int], protected: set[int]) -> list[tuple[cst.CSTNode, set[str]]]:
@@ -602,20 +713,6 @@ def _carried_state(window: LoopWindow, as_written: str, free: list[str]) -> None
             window.reserved.add(name)
 
 
-def _context_only_names(code: str) -> set[str]:
-    """Names the code uses only as the context expression of a ``with`` (``with ctx:``)."""
-    module = cst.parse_module(code)
-    as_context: set[int] = set()
-    for node in walk(module):
-        if isinstance(node, cst.WithItem) and isinstance(node.item, cst.Name):
-            as_context.add(id(node.item))
-    names = {n.value for n in walk(module) if isinstance(n, cst.Name) and id(n) in as_context}
-    for node in walk(module):
-        if isinstance(node, cst.Name) and node.value in names and id(node) not in as_context:
-            names.discard(node.value)
-    return names
-
-
 def _edit_inside(model, edit: TextEdit, node: cst.CSTNode) -> bool:
     pos = model.position(node)
     start = (pos.start.line, pos.start.column + 1)
@@ -655,6 +752,14 @@ def _assigned_in(code: str) -> tuple[set[str], list[str]]:
             out.add(node.target.value)
             if isinstance(node, cst.AugAssign) and node.target.value not in augmented:
                 augmented.append(node.target.value)
+        elif (
+            isinstance(node, cst.AugAssign)
+            and isinstance(node.target, cst.Subscript)
+            and isinstance(node.target.value, cst.Name)
+        ):  # ``totals[name] += value``: the container is a running total too
+            out.add(node.target.value.value)
+            if node.target.value.value not in augmented:
+                augmented.append(node.target.value.value)
     return out, augmented
 
 
@@ -671,5 +776,5 @@ def _initial_value(model, scope: Scope, loop: Frame | None, name: str) -> str | 
         if model.position(node).start.line >= start:
             continue
         if any(isinstance(t.target, cst.Name) and t.target.value == name for t in node.targets):
-            value = node.value if is_literal(node.value) else None
+            value = node.value if start_value(node.value) else None
     return model.code(value) if value is not None else None

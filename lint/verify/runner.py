@@ -327,9 +327,10 @@ class Child:
     is in) and removes its folder."""
 
     def __init__(self, device: str, timeout: float, count: int) -> None:
+        self.device, self.timeout, self.capacity = device, timeout, max(count, 1)
         self.workdir = Path(tempfile.mkdtemp(prefix="trainlint-verify-"))
         self.job = self.workdir / "job.json"
-        self.total = STARTUP_S + (timeout + GRACE_S) * max(count, 1)
+        self.total = _batch_limit(timeout, count)
         wait, self._release = os.pipe()
         try:
             self.proc, self.channel = _spawn(self.workdir, self.job, device, self.total, wait)
@@ -341,6 +342,18 @@ class Child:
             os.close(wait)
         self.closed = False
         self._announced: set[str] = set()
+
+    def takes(self, device: str, timeout: float, count: int) -> bool:
+        """Whether this child, still waiting for its job, can run ``count`` probes of this device and
+        timeout (its CPU limit was set at its start for ``capacity`` of them); if so its limit for the
+        whole batch becomes theirs."""
+        timeout = min(timeout, MAX_TIMEOUT_S)
+        if self.closed or self._release < 0 or self.proc.poll() is not None:
+            return False
+        if device != self.device or timeout > self.timeout or count > self.capacity:
+            return False
+        self.total = _batch_limit(timeout, count)
+        return True
 
     def announce(self, driver: str) -> None:
         """Tell the waiting child that a probe of this driver will come (it may prepare for it)."""
@@ -378,10 +391,25 @@ class Child:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
+def _batch_limit(timeout: float, count: int) -> float:
+    """Seconds a child may take for ``count`` probes, its start-up included (its CPU limit too)."""
+    return STARTUP_S + (timeout + GRACE_S) * max(count, 1)
+
+
 def start_child(device: str, timeout: float, count: int) -> Child:
     """A child for at most ``count`` probes, started now: it imports torch while the caller builds
     the probes, and runs them once ``run_probes`` releases them."""
     return Child(device, min(timeout, MAX_TIMEOUT_S), count)
+
+
+# A child started before linting (``--verify``: torch imports while the files are linted) cannot know
+# how many probes will come: its CPU limit is set for this many, and a run with more starts its own.
+EARLY_PROBES = 64
+
+
+def start_early(device: str, timeout: float) -> Child:
+    """A child started before the findings are known; ``Child.takes`` says whether it fits the job."""
+    return start_child(device, timeout, EARLY_PROBES)
 
 
 def _run_batch(

@@ -453,6 +453,8 @@ class Carry:
                     return False
                 if callee.startswith(UNSAFE_CALL_PREFIXES):
                     return False
+                if callee == "importlib.util.find_spec" and _top_level_spec(node):
+                    continue  # `HAS_DEEPSPEED = find_spec("deepspeed") is not None`: imports nothing
                 if callee.startswith("builtins."):
                     if callee[len("builtins.") :] not in PURE_BUILTINS:
                         return False
@@ -462,6 +464,14 @@ class Carry:
             if isinstance(node, cst.Lambda | cst.Await | cst.Yield):
                 return False
         return True
+
+
+def _top_level_spec(call: cst.Call) -> bool:
+    """``find_spec("name")`` of a top-level module: it searches the path without importing."""
+    if len(call.args) != 1 or not isinstance(call.args[0].value, cst.SimpleString):
+        return False
+    name = call.args[0].value.evaluated_value
+    return isinstance(name, str) and name.isidentifier()
 
 
 def unpacked_value(node: cst.CSTNode, name: str) -> cst.BaseExpression | None:
@@ -486,6 +496,7 @@ def guarded_import(line: str, name: str, target: str, project: str | None = None
     ``standins.Missing``); its use is named in the detail."""
     stand_in = f"{name} = __tl__.missing({name!r}, {target!r})\n"
     if project is not None:
+        stand_in = f"{name} = __tl__.missing({name!r}, {target!r}, own=True)\n"
         # the project's own modules may fail on import in any way (a dependency, a version)
         return f"try:\n    __tl__.on_path({project!r})\n    {line.strip()}\nexcept Exception:\n    {stand_in}"
     if target.startswith("."):

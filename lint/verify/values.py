@@ -119,8 +119,21 @@ def _self_value(model: FileModel, scope: Scope, attr: str) -> FileValue | None:
         if init_scope is not None:
             found = _name_value(model, init_scope, values[0].value)
             if found is not None and found.where.startswith("default"):
+                if _passed_by_construction(model, cls.name, values[0].value):
+                    return None  # the file builds the class with another value: the default is unused
                 return FileValue(found.code, f"set in `{cls.name}.__init__` from the {found.where}")
     return None
+
+
+def _passed_by_construction(model: FileModel, class_name: str, param: str) -> bool:
+    """The file builds ``class_name`` passing ``param`` by keyword a value that is not a literal."""
+    for site in model.calls:
+        call = site.node
+        if isinstance(call, cst.Call) and (dotted(call.func) or "").rsplit(".", 1)[-1] == class_name:
+            kw = keyword(call, param)
+            if kw is not None and not is_literal(kw.value):
+                return True
+    return False
 
 
 def _class_field(model: FileModel, attr: str) -> FileValue | None:
@@ -143,6 +156,32 @@ def _class_field(model: FileModel, attr: str) -> FileValue | None:
     return None
 
 
+FALSE_WORDS, TRUE_WORDS = ("false", "no", "off", "0"), ("true", "yes", "on", "1")
+
+
+def _parsed_default(model: FileModel, call: cst.Call, default: cst.BaseExpression) -> str | None:
+    """The value a string default has once argparse applies ``type=`` to it (it does, for string
+    defaults): ``int``/``float`` convert it, ``bool`` makes any non-empty string True, a converter of
+    the file's own (``str2bool``) reads the usual words; None when the outcome is not known."""
+    kind = keyword(call, "type")
+    if kind is None or not isinstance(default, cst.SimpleString):
+        return model.code(default)
+    text = default.evaluated_value
+    converter = dotted(kind.value)
+    if converter == "str" or not isinstance(text, str):
+        return model.code(default)
+    if converter in ("int", "float"):
+        try:
+            return repr(int(text) if converter == "int" else float(text))
+        except ValueError:
+            return None
+    if converter == "bool":
+        return repr(bool(text))
+    if text.strip().lower() in FALSE_WORDS + TRUE_WORDS:
+        return repr(text.strip().lower() in TRUE_WORDS)
+    return None
+
+
 def argparse_defaults(model: FileModel) -> dict[str, str]:
     """``dest -> default source`` for ``add_argument("--max-norm", default=1.0)`` calls with literal
     defaults anywhere in the file."""
@@ -158,7 +197,7 @@ def argparse_defaults(model: FileModel) -> dict[str, str]:
         action = keyword(call, "action")
         value = None
         if default is not None and is_literal(default.value):
-            value = model.code(default.value)
+            value = _parsed_default(model, call, default.value)
         elif action is not None and isinstance(action.value, cst.SimpleString):
             kind = action.value.evaluated_value
             value = {"store_true": "False", "store_false": "True"}.get(str(kind))

@@ -20,7 +20,7 @@ from trainlint.model import (
     walk,
 )
 from trainlint.verify.context import TextEdit
-from trainlint.verify.source import Carry, NotExecutable, Tree, analyse_names, is_literal
+from trainlint.verify.source import Carry, NotExecutable, Tree, analyse_names, is_literal, own_module
 from trainlint.verify.values import argparse_defaults, file_value, runtime_read
 
 
@@ -242,6 +242,13 @@ def optimizer_construction(
     if not any(k.startswith("lr=") for k in kwargs) and cls in ("SGD",):
         kwargs.append("lr=0.01")
     code = f"__import__({module!r}, fromlist=[{cls!r}]).{cls}({params}{''.join(', ' + k for k in kwargs)})"
+    own = (
+        own_module(model.path, cst.parse_statement(f"from {module} import {cls}").body[0], module)
+        if module
+        else None
+    )
+    if own is not None:  # the user's own optimizer class, imported from the project's folder
+        code = f"(__tl__.on_path({own[0]!r}), {code})[1]"
     described = f"{cls}({', '.join(kwargs)})"
     if sharded:
         described = f"ZeroRedundancyOptimizer on one rank, that is {described}"
@@ -302,3 +309,76 @@ def accumulation_count(model: FileModel, scope, divisor: cst.BaseExpression) -> 
         if found is not None and found.code.isdigit():
             return int(found.code), [found.note(candidate)]
     return 4, [f"`{text}` taken as 4 (its value is not in the file)"]
+
+
+# --------------------------------------------------------------------------------------------------
+# names a window uses in one way only
+
+
+def context_only_names(code: str) -> set[str]:
+    """Names the code uses only as the context expression of a ``with`` (``with ctx:``)."""
+    module = cst.parse_module(code)
+    as_context: set[int] = set()
+    for node in walk(module):
+        if isinstance(node, cst.WithItem) and isinstance(node.item, cst.Name):
+            as_context.add(id(node.item))
+    names = {n.value for n in walk(module) if isinstance(n, cst.Name) and id(n) in as_context}
+    for node in walk(module):
+        if isinstance(node, cst.Name) and node.value in names and id(node) not in as_context:
+            names.discard(node.value)
+    return names
+
+
+def clip_threshold_names(code: str) -> set[str]:
+    """Names passed as the threshold of ``clip_grad_norm_``/``clip_grad_value_`` (second argument or
+    ``max_norm=``/``clip_value=``)."""
+    out: set[str] = set()
+    for node in walk(cst.parse_module(code)):
+        if not isinstance(node, cst.Call) or attr_name(node) not in ("clip_grad_norm_", "clip_grad_value_"):
+            continue
+        for position, arg in enumerate(node.args):
+            keyword = arg.keyword.value if arg.keyword is not None else None
+            if (keyword in ("max_norm", "clip_value") or (keyword is None and position == 1)) and isinstance(
+                arg.value, cst.Name
+            ):
+                out.add(arg.value.value)
+    return out
+
+
+def unpacked_only_names(code: str) -> set[str]:
+    """Names the code uses only as ``**name`` in a call."""
+    module = cst.parse_module(code)
+    unpacked = {id(a.value) for a in walk(module) if isinstance(a, cst.Arg) and a.star == "**"}
+    names = {n.value for n in walk(module) if isinstance(n, cst.Name) and id(n) in unpacked}
+    for node in walk(module):
+        if isinstance(node, cst.Name) and node.value in names and id(node) not in unpacked:
+            names.discard(node.value)
+    return names
+
+
+# containers a running total starts as (``totals = defaultdict(float)``)
+CONTAINERS = frozenset({"dict", "list", "defaultdict", "collections.defaultdict", "OrderedDict"})
+
+
+def start_value(value: cst.BaseExpression) -> bool:
+    """A literal, or an empty container whose default is a builtin (``defaultdict(float)``)."""
+    if is_literal(value):
+        return True
+    if not isinstance(value, cst.Call) or dotted(value.func) not in CONTAINERS:
+        return False
+    return all(
+        is_literal(a.value)
+        or (isinstance(a.value, cst.Name) and a.value.value in ("float", "int", "list", "dict"))
+        for a in value.args
+    )
+
+
+def output_key(expr: cst.BaseExpression, root: cst.CSTNode) -> str | None:
+    """The string key the loss is read by from the value ``root`` names (``output["loss"]``)."""
+    for node in walk(expr):
+        if isinstance(node, cst.Subscript) and node.value is root and len(node.slice) == 1:
+            index = node.slice[0].slice
+            if isinstance(index, cst.Index) and isinstance(index.value, cst.SimpleString):
+                value = index.value.evaluated_value
+                return value if isinstance(value, str) else None
+    return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import libcst as cst
 
@@ -21,9 +22,28 @@ from trainlint.model import (
     dotted,
     walk,
 )
-from trainlint.model.losses import Division, division_reaches_backward, divisions, snippet
+from trainlint.model.crossfile import (
+    Elsewhere,
+    constructed_class,
+    project_method,
+    related_elsewhere,
+    shown_path,
+)
+from trainlint.model.losses import (
+    Division,
+    call_reaches_backward,
+    division_reaches_backward,
+    divisions,
+    returns_division,
+    snippet,
+)
 from trainlint.model.tokens import LossOrigin, token_evidence
-from trainlint.model.training import counted_by_callers, is_step_count_name, modulo_divisors
+from trainlint.model.training import (
+    counted_by_callers,
+    counts_loop_items,
+    is_step_count_name,
+    modulo_divisors,
+)
 
 
 class AccumulationMeanOfMeans(Rule):
@@ -53,6 +73,16 @@ class AccumulationMeanOfMeans(Rule):
             *("Alpaca", "Deita", "Dolly", "FLAN", "JSON", "LIMA", "LongForm"),
         ),
     )
+    # the token mean may come from another project file (a helper, a base class's method: no padding
+    # word need show here), or a loss class there divides it by the accumulation steps (no division here)
+    project_requires = (requires[0], requires[2])
+
+    @classmethod
+    def wants_fact(cls, kind: str, facts: dict[str, Any]) -> bool:
+        if kind == "class":
+            return "returns_token_mean_methods" in facts or "returns_divided_token_mean_methods" in facts
+        return kind == "function" and "returns_token_mean" in facts
+
     doc = RuleDoc(
         what=(
             "Reports a loss that is a mean over a variable number of valid tokens and is then divided "
@@ -445,24 +475,61 @@ class AccumulationMeanOfMeans(Rule):
     )
 
     def check(self, model: FileModel) -> Iterator[Diagnostic]:
+        if model.project is not None:
+            yield from self._through_loss_wrappers(model)
         evidence = None
         counts_by_scope: dict[int, set[str]] = {}
         for division in divisions(model):
             scope = division.site.scope
             if id(scope) not in counts_by_scope:
                 counts_by_scope[id(scope)] = self._modulo_counts(model, scope)
-            if not self._is_step_count(model, division.divisor, scope, counts_by_scope[id(scope)]):
+            if not self._is_step_count(
+                model, division.divisor, scope, counts_by_scope[id(scope)]
+            ) and not counts_loop_items(model, division.divisor, division.site):
                 continue
-            if not division_reaches_backward(model, division):
+            if not division_reaches_backward(model, division) and not _returned_by_a_loss(division):
                 continue
             if evidence is None:
                 evidence = token_evidence(model)
-                if not evidence.padding:
+                if not evidence.padding and model.project is None:
                     return
             origin = evidence.loss_origin(division.dividend, scope, division.site)
             if origin is None or origin.reduction != "mean":
                 continue
+            # a hand-written masked mean of another file shows itself that the token count varies
+            if not evidence.padding and origin.elsewhere is None:
+                continue
             yield self._diagnostic(model, division, origin, evidence.padding_near(scope))
+
+    def _through_loss_wrappers(self, model: FileModel) -> Iterator[Diagnostic]:
+        """``loss = criterion(logits, labels)`` then ``loss.backward()``, where ``criterion`` is a loss
+        class of another project file whose ``__call__``/``forward`` returns its token-mean
+        cross-entropy divided by the accumulation steps: reported at the call, the division related."""
+        for site in model.calls:
+            call = site.node
+            assert isinstance(call, cst.Call)
+            if dotted(call.func) is None:
+                continue
+            fact = constructed_class(model, call.func, site.scope)
+            methods = fact.facts.get("returns_divided_token_mean_methods", ()) if fact is not None else ()
+            method = next((m for m in ("__call__", "forward") if m in methods), None)
+            if fact is None or method is None or not call_reaches_backward(model, site):
+                continue
+            found = project_method(model, cst.Attribute(call.func, cst.Name(method)), site.scope)
+            where = found.facts.get("returns_divided_token_mean") if found is not None else None
+            if found is None or where is None:
+                continue
+            at = Elsewhere(
+                shown_path(found.path), where[0], where[1], "the token mean divided by the steps here"
+            )
+            yield Diagnostic(
+                call,
+                f"`{model.code(call.func)}` (a `{fact.name}`) returns a token-mean loss divided by the number "
+                "of accumulation steps, so each microbatch weighs the same however many valid tokens it "
+                "holds. Sum-reduce the loss and divide by the number of valid tokens in the whole "
+                "accumulation window (all-reduced across ranks).",
+                elsewhere=related_elsewhere(at),
+            )
 
     def _diagnostic(self, model: FileModel, division: Division, origin: LossOrigin, padding) -> Diagnostic:
         related = [(origin.node, origin.what)]
@@ -475,6 +542,7 @@ class AccumulationMeanOfMeans(Rule):
             "and divide by the number of valid tokens in the whole accumulation window (all-reduced "
             "across ranks).",
             related=tuple(related),
+            elsewhere=related_elsewhere(origin.elsewhere),
         )
 
     # -- the divisor -----------------------------------------------------------------------------------
@@ -533,3 +601,13 @@ class AccumulationMeanOfMeans(Rule):
                 if isinstance(node, cst.Comparison):
                     return True
         return False
+
+
+def _returned_by_a_loss(division: Division) -> bool:
+    """A loss function or loss module (``__call__``, ``forward``, a name with "loss") that returns the
+    divided loss: its callers backpropagate it, wherever they are."""
+    function = division.site.scope.node
+    if not isinstance(function, cst.FunctionDef):
+        return False
+    name = function.name.value
+    return (name in ("__call__", "forward") or "loss" in name.lower()) and returns_division(division)

@@ -51,11 +51,18 @@ class LossAccumulatedWithGraph(Rule):
         call_pattern("backward"),
         ("+", "append"),
     )
-    # a helper of another project file may run the backward of the loss it returns (`loss = step(b)`)
-    project_requires = (("+", "append"), ("for", "while"), re.compile(r"loss\w*\s*=\s*[\w.]+\("))
+    # a helper of another project file (or a base class's method there) may run the backward of the
+    # loss it returns (`loss = step(b)`, `total += self.train_step(b)`)
+    project_requires = (
+        ("+", "append"),
+        ("for", "while"),
+        re.compile(r"loss\w*\s*=\s*[\w.]+\(|(\+=|\bappend\()\s*[\w.]+\("),
+    )
 
     @classmethod
     def wants_fact(cls, kind: str, facts: dict[str, Any]) -> bool:
+        if kind == "class":
+            return "returns_loss_methods" in facts
         return kind == "function" and "returns_loss" in facts
 
     has_fix = True
@@ -540,6 +547,10 @@ class LossAccumulatedWithGraph(Rule):
             ):
                 continue
             scope = site.scope
+            returned = self._returned_loss(model, added, site, target)
+            if returned is not None:
+                yield returned
+                continue
             if id(scope) not in losses_by_scope:
                 losses_by_scope[id(scope)] = backward_losses(model, scope)
             loop = innermost_loop(site)
@@ -570,6 +581,36 @@ class LossAccumulatedWithGraph(Rule):
                     elsewhere=related_elsewhere(backward_returned(model, backward), self.BACKWARD),
                 )
                 break
+
+    def _returned_loss(
+        self, model: FileModel, added: cst.BaseExpression, site: Site, target: str
+    ) -> Diagnostic | None:
+        """``total += self.train_step(batch)``: the added call (not detached) runs the backward of the
+        loss it returns, in this file's class, a base class or a helper of another project file."""
+        calls = list(_attached_calls(model, added, site.scope)) if model.project is not None else []
+        sites = {id(s.node): s for s in model.calls_in(site.scope)} if calls else {}
+        for call in calls:
+            call_site = sites.get(id(call))
+            where = backward_returned(model, call_site) if call_site is not None else None
+            if where is None or self._total_is_backpropagated(model, site, target):
+                continue
+            if self._reset_in_loop(model, site, target):
+                return None
+            name = snippet(model, call.func, "the call")
+            return Diagnostic(
+                site.node,
+                f"{snippet(model, site.node, 'This running total')} keeps every iteration's autograd "
+                f"graph alive: {name} returns the loss it backpropagated; accumulate its `.item()` or "
+                "`.detach()` instead.",
+                related=((call, "the loss is backpropagated inside this call", self.BACKWARD),),
+                fix=FixSpec(
+                    Applicability.UNSAFE,
+                    "Detach the returned loss",
+                    (TextEditSpec(call, "after", ".detach()"),),
+                ),
+                elsewhere=related_elsewhere(where, self.BACKWARD),
+            )
+        return None
 
     @staticmethod
     def _additions(model: FileModel) -> Iterator[tuple[Site, str, cst.BaseExpression, cst.CSTNode]]:
@@ -680,8 +721,6 @@ class LossAccumulatedWithGraph(Rule):
 
 
 DETACHING_METHODS = frozenset({"item", "detach", "detach_", "tolist", "numpy"})
-
-
 DETACHING_FUNCTIONS = frozenset({"builtins.float", "builtins.int", "builtins.round"})
 
 
@@ -704,6 +743,16 @@ def _is_detaching(model: FileModel, expr: cst.BaseExpression, scope: Scope) -> b
         if model.qualname(expr.func, scope) in DETACHING_FUNCTIONS:
             return True
     return isinstance(expr, cst.Attribute) and expr.attr.value == "data"
+
+
+def _attached_calls(model: FileModel, expr: cst.CSTNode, scope: Scope) -> Iterator[cst.Call]:
+    """The calls in ``expr`` whose results no detaching call encloses."""
+    if isinstance(expr, cst.BaseExpression) and _is_detaching(model, expr, scope):
+        return
+    if isinstance(expr, cst.Call):
+        yield expr
+    for child in expr.children:
+        yield from _attached_calls(model, child, scope)
 
 
 def _references(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import libcst as cst
@@ -290,6 +291,40 @@ class StepBypassesScaler(Rule):
     )
 
     def check(self, model: FileModel) -> Iterator[Diagnostic]:
+        yield from self._in_one_scope(model)
+        yield from self._split_over_methods(model)
+
+    def _split_over_methods(self, model: FileModel) -> Iterator[Diagnostic]:
+        """A trainer whose ``self.scaler`` is only ever used as ``self.scaler.scale(loss).backward()``
+        (one method) while another method steps the optimizer directly: nothing in the file unscales,
+        steps or updates that scaler, and it is handed nowhere else."""
+        training = model.training
+        for backward in training.of_kind("scaled_backward"):
+            key, cls = backward.key, backward.site.scope.enclosing_class
+            if key is None or not key.startswith("self.") or cls is None or not _only_scales(model, key):
+                continue
+            for step in training.of_kind("step"):
+                site = step.site
+                recv = receiver(step.call)
+                if (
+                    site.scope is backward.site.scope
+                    or site.scope.enclosing_class is not cls
+                    or not training.is_optimizer_like(recv, site.scope)
+                    or _from_msamp(model, recv, site.scope)
+                ):
+                    continue
+                optimizer = dotted(recv) or "optimizer"
+                line = model.position(backward.call).start.line
+                yield Diagnostic(
+                    step.call,
+                    f"`{optimizer}.step()` applies gradients that `{key}.scale(...).backward()` (line {line}) "
+                    f"multiplied by the loss scale: `{key}` is never stepped, unscaled or updated in this "
+                    f"file; call `{key}.step({optimizer})` and `{key}.update()` instead.",
+                    related=((backward.call, "scaled backward here", StepBypassesScaler.SCALED_BACKWARD),),
+                )
+            return
+
+    def _in_one_scope(self, model: FileModel) -> Iterator[Diagnostic]:
         training = model.training
         for step in training.of_kind("step"):
             site = step.site
@@ -356,6 +391,14 @@ class StepBypassesScaler(Rule):
             f"Replace with `{scaler}.step({optimizer})`",
             (TextEditSpec(call, "replace", f"{scaler}.step({', '.join(parts)})"),),
         )
+
+
+def _only_scales(model: FileModel, key: str) -> bool:
+    """Every mention of ``self.x`` in the file's text is ``self.x.scale(`` or an assignment to it (a
+    comment or a string naming it otherwise counts as a use: silence is the safe side)."""
+    name = re.escape(key)
+    others = len(re.findall(rf"\b{name}\b(?!\s*\.\s*scale\s*\()", model.source))
+    return others == len(re.findall(rf"\b{name}\s*=(?!=)", model.source))
 
 
 def _from_msamp(model: FileModel, optimizer: cst.BaseExpression | None, scope: Scope) -> bool:

@@ -26,7 +26,8 @@ from trainlint.model import (
     walk,
 )
 from trainlint.model.crossfile import class_side_effects, classes_built_by_name, constructed_class
-from trainlint.model.targets import Target, called_functions, resolve_checkpoint_target
+from trainlint.model.project import Fact
+from trainlint.model.targets import Target, called_functions, factory_arguments, resolve_checkpoint_target
 from trainlint.model.vocab import BATCHNORM_CLASSES
 from trainlint.rules.checkpoint._shared import (
     checkpoint_calls,
@@ -377,6 +378,7 @@ class CheckpointSideEffect(Rule):
 
     def check(self, model: FileModel) -> Iterator[Diagnostic]:
         yield from self._in_this_file(model)
+        yield from self._closed_over_batchnorm(model)
         if model.project is not None:
             yield from self._in_other_files(model)
 
@@ -384,14 +386,19 @@ class CheckpointSideEffect(Rule):
         """A module built from a class of another project file, checkpointed here, whose forward has
         a side effect there: reported here, where the checkpoint call can change, with the effect as
         a related location in the other file."""
-        for site, call in checkpoint_calls(model):
-            if resolve_checkpoint_target(model, site) is not None:
+        for site, call in [*checkpoint_calls(model), *_stored_partial_calls(model)]:
+            args = factory_arguments(model, site)
+            if not args and resolve_checkpoint_target(model, site) is not None:
                 continue
-            args = positional(call)
-            if model.qualname(call.func, site.scope) == "functools.partial":
-                args = args[1:]
-            fact = constructed_class(model, args[0], site.scope) if args else None
-            effects = class_side_effects(model, fact) if fact is not None else []
+            if not args:
+                args = positional(call)
+                if model.qualname(call.func, site.scope) == "functools.partial":
+                    args = args[1:]
+            fact, effects = None, []
+            for fact in _layer_classes(model, args[0], site.scope) if args else ():
+                effects = class_side_effects(model, fact)
+                if effects:
+                    break
             if fact is not None and effects:
                 first = effects[0]
                 yield Diagnostic(
@@ -403,6 +410,27 @@ class CheckpointSideEffect(Rule):
                 )
             elif fact is None and args and _unknown_layer(model, args[0], site.scope):
                 yield from self._layer_built_by_name(model, call, args[0])
+
+    @staticmethod
+    def _closed_over_batchnorm(model: FileModel) -> Iterator[Diagnostic]:
+        """``checkpoint(make_forward(self.bn), x)``: a factory of this file returns a closure that
+        runs the BatchNorm layer it is given."""
+        for site, call in checkpoint_calls(model):
+            for module in factory_arguments(model, site):
+                made = [
+                    v for v, callee in model.call_values(module, site.scope) if callee in BATCHNORM_CLASSES
+                ]
+                if made and not _stats_off(made):
+                    yield Diagnostic(
+                        call,
+                        f"`{model.code(module)}` is a BatchNorm layer that the checkpointed closure runs: its "
+                        "running statistics update again when backward recomputes it; keep the BatchNorm "
+                        "out of the checkpointed part.",
+                        related=(
+                            (made[0], "the BatchNorm layer is built here", CheckpointSideEffect.EFFECT),
+                        ),
+                    )
+                    break
 
     @staticmethod
     def _layer_built_by_name(
@@ -497,6 +525,55 @@ SEEDING = frozenset(
 GRAD_ENABLED = frozenset({"torch.is_grad_enabled"})
 
 
+def _stored_partial_calls(model: FileModel) -> Iterator[tuple[Site, cst.Call]]:
+    """Calls of a ``functools.partial(checkpoint, ...)`` kept under a name or on ``self`` and called
+    later with the module (``self.ckpt = partial(checkpoint, use_reentrant=False)``, ``self.ckpt(m, x)``)."""
+    partials = {id(call) for _site, call in checkpoint_calls(model) if len(positional(call)) == 1}
+    if not partials:
+        return
+    for site in model.calls:
+        call = site.node
+        assert isinstance(call, cst.Call)
+        if dotted(call.func) is not None and any(
+            id(v) in partials for v in model.values_of(call.func, site.scope)
+        ):
+            yield site, call
+
+
+def _layer_classes(model: FileModel, expr: cst.BaseExpression, scope: Scope, depth: int = 0) -> list[Fact]:
+    """The classes of other project files whose instance the checkpointed ``expr`` may hold: one built
+    here (``self.block = Block()``), the elements of the container a loop variable walks
+    (``for blk in self.blocks`` with ``nn.ModuleList([Block() ...])``), or, for a parameter, what
+    the file's calls of its function pass."""
+    fact = constructed_class(model, expr, scope)
+    if fact is not None or not isinstance(expr, cst.Name) or depth > 1:
+        return [fact] if fact is not None else []
+    binding = model.lookup(expr.value, scope)
+    out: list[Fact] = []
+    if binding is not None and binding.kind == "other" and isinstance(binding.node, cst.For):
+        source = binding.node.iter
+        for value in [source, *model.values_of(source, scope)]:
+            for node in walk(value):
+                if (
+                    isinstance(node, cst.Call)
+                    and (inner := constructed_class(model, node, scope)) is not None
+                ):
+                    out.append(inner)
+    elif binding is not None and binding.kind == "param" and isinstance(scope.node, cst.FunctionDef):
+        function = scope.node
+        names = [p.name.value for p in (*function.params.posonly_params, *function.params.params)]
+        if scope.parent is not None and scope.parent.kind == "class" and names[:1] == ["self"]:
+            names = names[1:]
+        index = names.index(expr.value) if expr.value in names else -1
+        for site in model.calls:
+            if index < 0 or model.local_callee(site) is not function:
+                continue
+            passed = positional(site.node)  # type: ignore[arg-type]
+            if index < len(passed):
+                out += _layer_classes(model, passed[index], site.scope, depth + 1)
+    return out
+
+
 def _unknown_layer(model: FileModel, expr: cst.BaseExpression, scope: Scope) -> bool:
     """A name whose module is not known here: a parameter of the function or a loop variable."""
     if not isinstance(expr, cst.Name):
@@ -569,14 +646,7 @@ def side_effects(model: FileModel, target: Target) -> Iterator[tuple[cst.CSTNode
         ):
             what = f"changes `{model.code(recv)}` in place"
         if what is None and any(c in BATCHNORM_CLASSES for c in self_attr_callee(model, call, scope)):
-            bn_calls = [v for v in model.values_of(call.func, scope) if isinstance(v, cst.Call)]
-            stats_off = any(
-                (kw := keyword(v, "track_running_stats")) is not None
-                and isinstance(kw.value, cst.Name)
-                and kw.value.value == "False"
-                for v in bn_calls
-            )
-            if not stats_off:
+            if not _stats_off([v for v in model.values_of(call.func, scope) if isinstance(v, cst.Call)]):
                 what = f"runs BatchNorm `{model.code(call.func)}`, whose running statistics update again"
         if what is not None:
             yield call, site, what
@@ -596,6 +666,16 @@ def side_effects(model: FileModel, target: Target) -> Iterator[tuple[cst.CSTNode
             elif isinstance(tgt, cst.Attribute | cst.Subscript):
                 if not _created_locally(_root_name(tgt), scope):
                     yield node, site, f"writes to `{model.code(tgt)}`, which is not created in the function"
+
+
+def _stats_off(batchnorms: list[cst.Call]) -> bool:
+    """A BatchNorm built with ``track_running_stats=False``: no running statistics to update."""
+    return any(
+        (kw := keyword(v, "track_running_stats")) is not None
+        and isinstance(kw.value, cst.Name)
+        and kw.value.value == "False"
+        for v in batchnorms
+    )
 
 
 def _is_reentrant(call: cst.Call, model: FileModel, site: Site) -> bool:

@@ -9,8 +9,12 @@ import libcst as cst
 
 from trainlint.api import Applicability, Diagnostic, FixSpec, Invalid, Rule, RuleDoc, Severity, TextEditSpec
 from trainlint.model import FileModel, Site, attr_name, dotted, has_star_kwargs, keyword, literal_false
+from trainlint.model.pins import Pin, lowest_allowed_at_least
 
 KWARGS = "gradient_checkpointing_kwargs"
+# The first transformers release whose `gradient_checkpointing_enable()` defaults to
+# `use_reentrant=False` (pull request 43203; 4.57.6 and 5.0.0rc3 still pass True).
+FIXED_RELEASE = (5, 0, 0)
 FIX_TEXT = 'gradient_checkpointing_kwargs={"use_reentrant": False}'
 # Calls that make the checkpointed blocks' inputs require grad, which is all the reentrant variant
 # needs (PEFT's prepare_model_for_kbit_training calls enable_input_require_grads itself).
@@ -67,7 +71,11 @@ class HfGradientCheckpointingReentrant(Rule):
             "anywhere (`args.gradient_checkpointing_kwargs = {...}`), is not reported; nor is a call "
             "before `get_peft_model` (PEFT then makes the inputs require grad), nor one on a model "
             "built by a class or factory imported from another package than transformers/PEFT/TRL "
-            "(its own `gradient_checkpointing_enable` is not in the file)."
+            "(its own `gradient_checkpointing_enable` is not in the file). Nor is a file whose project "
+            "(the folder the index finds) requires `transformers>=5.0.0` in every place it declares it "
+            "(`requirements*.txt`, `pyproject.toml`, `setup.cfg`, `setup.py`): those releases no longer "
+            "pick the reentrant variant. A project that declares no requirement, or one that admits "
+            "earlier releases (`transformers>=4.40`, `==4.57.6`, a bare name), is still reported."
         ),
         why=(
             "transformers' `PreTrainedModel.gradient_checkpointing_enable` replaces a missing "
@@ -80,10 +88,11 @@ class HfGradientCheckpointingReentrant(Rule):
             "layer gets a gradient. With LoRA on 32 checkpointed decoder layers and a trainable "
             "classification head, all 32 x 2 LoRA matrices per target keep `grad = None` and only the "
             "head trains (or, when nothing outside the layers trains, backward fails with 'element 0 "
-            "of tensors does not require grad'). Newer transformers changed this: 5.24.0 defaults a "
-            'missing argument to `{"use_reentrant": False}` and calls `enable_input_require_grads()` '
-            "for every model whose main input is `input_ids`, so there the call is harmless; the "
-            "finding matters on the releases before that change. `--verify` builds the user's model "
+            "of tensors does not require grad'). transformers 5.0.0 changed this (pull request 43203): "
+            'it defaults a missing argument to `{"use_reentrant": False}` and calls '
+            "`enable_input_require_grads()` for every model whose main input is `input_ids`, so there "
+            "the call is harmless; the finding matters on 4.x (4.57.6 and the 5.0.0 release "
+            "candidates still pass `use_reentrant=True`). `--verify` builds the user's model "
             "(from a configuration in the file, never `from_pretrained`) with the installed "
             "transformers and says which behaviour it has."
         ),
@@ -274,6 +283,10 @@ class HfGradientCheckpointingReentrant(Rule):
         source = model.source
         if any(name in source for name in INPUT_GRAD_FIXES) or FROZEN.search(source) is None:
             return
+        fixed_release, pins = lowest_allowed_at_least(model.path, "transformers", FIXED_RELEASE)
+        if fixed_release:
+            return
+        message = MESSAGE + _allowed(pins)
         sets_kwargs = _assigns_kwargs_attribute(model)
         for site in model.calls:
             call = site.node
@@ -295,18 +308,26 @@ class HfGradientCheckpointingReentrant(Rule):
                             "Pass gradient_checkpointing_kwargs={'use_reentrant': False}",
                             (TextEditSpec(call, "replace", f"{func}({FIX_TEXT})"),),
                         )
-                    yield Diagnostic(call, MESSAGE, fix=fix)
+                    yield Diagnostic(call, message, fix=fix)
             elif not sets_kwargs and _enables_in_arguments(model, site, call):
                 keyword_arg = keyword(call, "gradient_checkpointing")
                 assert keyword_arg is not None
-                yield Diagnostic(keyword_arg, MESSAGE)
+                yield Diagnostic(keyword_arg, message)
 
 
 MESSAGE = (
-    "Gradient checkpointing without `gradient_checkpointing_kwargs`: transformers then uses "
-    "`use_reentrant=True`, and with frozen parameters the checkpointed layers get no gradients; "
-    'pass `gradient_checkpointing_kwargs={"use_reentrant": False}`.'
+    "Gradient checkpointing without `gradient_checkpointing_kwargs`: transformers before 5.0.0 then "
+    "uses `use_reentrant=True`, and with frozen parameters the checkpointed layers get no gradients; "
+    'pass `gradient_checkpointing_kwargs={"use_reentrant": False}`'
 )
+
+
+def _allowed(pins: tuple[Pin, ...]) -> str:
+    """What the project's requirements say about the version (they admit a release before 5.0.0)."""
+    if not pins:
+        return "."
+    shown = ", ".join(f"`transformers{p.spec.split(';', 1)[0].strip()}` ({p.file})" for p in pins[:3])
+    return f" (the project allows releases before 5.0.0: {shown})."
 
 
 def _inside_override(site: Site) -> bool:

@@ -27,6 +27,7 @@ class DeepspeedDoubleScaling(Rule):
     id = "TL504"
     name = "deepspeed-double-scaling"
     severity = Severity.ERROR
+    probe = True
     DIVISION = "division"
     summary = "The loss is divided by the accumulation steps before a DeepSpeed engine's backward, which divides again."
     # A finding needs `deepspeed.initialize` (the engine) and the engine's `.backward(` call.
@@ -37,11 +38,14 @@ class DeepspeedDoubleScaling(Rule):
             "Reports `engine.backward(loss)` of an engine returned by `deepspeed.initialize` when the "
             "loss was divided by a gradient-accumulation count first (`loss / gradient_accumulation_steps`"
             ", `loss /= args.grad_accum`, or `engine.backward(loss / accum)`), unless the call passes "
-            "`scale_wrt_gas=`. There is no `--verify` probe: showing the hazard means running "
-            "DeepSpeed's engine, and on a CPU-only machine `deepspeed.initialize` first JIT-compiles "
-            "DeepSpeed's CPU communication op with a C++ toolchain (minutes, into a build cache), "
-            "which the probe's sandboxed child does not do; DeepSpeed is also not a dependency of "
-            "trainlint."
+            "`scale_wrt_gas=`. `--verify` runs the loop for one accumulation window through a real "
+            "DeepSpeed engine (ZeRO stage 0 on the CPU accelerator, over the probe's two-process gloo "
+            "group, configured with the division's accumulation count) and compares the gradient with "
+            "the one the engine's own scaling gives; without DeepSpeed installed (it is not a "
+            "dependency of trainlint) the verdict is `not-executable: deepspeed is not installed`. "
+            "DeepSpeed's shared-memory all-reduce op is switched off in the probe: on a CPU-only "
+            "machine `deepspeed.init_distributed` would otherwise JIT-compile it with a C++ toolchain "
+            "first (154 s on 2 cores with DeepSpeed 0.19.8, into `~/.cache/torch_extensions`)."
         ),
         why=(
             "`DeepSpeedEngine.backward` already divides the loss by the engine's configured "

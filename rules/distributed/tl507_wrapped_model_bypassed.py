@@ -16,6 +16,7 @@ class WrappedModelBypassed(Rule):
     id = "TL507"
     name = "wrapped-model-bypassed"
     severity = Severity.ERROR
+    probe = True
     WRAP = "wrap"
     summary = "The module wrapped in DistributedDataParallel is called directly in the training loop."
     # A finding needs a `DistributedDataParallel(...)` call (its imported name is in the text even when
@@ -114,9 +115,11 @@ class WrappedModelBypassed(Rule):
             line=10,
         ),
         Invalid(
-            _HEAD + "ddp = DDP(model.cuda(), device_ids=[0])\nddp = DDP(model)\nwhile True:\n"
-            "    logits, loss = model(X, Y)\n    scaler.scale(loss).backward()",
-            line=6,
+            _HEAD
+            + "ddp = DDP(model.cuda(), device_ids=[0])\nddp = DDP(model)\nscaler = torch.amp.GradScaler()\n"
+            "while True:\n    logits, loss = model(X, Y)\n    scaler.scale(loss).backward()\n"
+            "    scaler.step(opt)\n    scaler.update()",
+            line=7,
         ),
         Invalid(
             _HEAD + "dist_model = DDP(module=model)\nfor x, y in loader:\n    with torch.autocast('cuda'):\n"
@@ -125,7 +128,7 @@ class WrappedModelBypassed(Rule):
         ),
         Invalid(
             _HEAD + "def main():\n    ddp_model = DDP(model)\n    for step in range(100):\n"
-            "        pred = model(x)[0]\n        pred.sum().backward()",
+            "        pred = model(x)\n        pred.sum().backward()",
             line=6,
         ),
     )

@@ -21,6 +21,7 @@ import traceback
 import torch
 
 from . import BOOT, capture, state
+from .bypass import BYPASS_JOBS
 from .compare import (
     FLOAT32_SUMS,
     FixWording,
@@ -35,6 +36,7 @@ from .compare import (
     result,
     verdict,
 )
+from .ds_engine import DEEPSPEED_JOBS
 from .fsdp import FSDP_JOBS
 from .sandbox import VariantFailed, close_private_fds, exec_program, seed, setup_process
 from .standins import concat_batches, token_batches
@@ -393,6 +395,7 @@ def _job_tokens(probe: dict) -> dict:
     runs: dict[str, dict] = {}
     failures: dict[str, str] = {}
     tokens = 0
+    averaged = 0  # the targets the loss averaged over as written (after a label shift, fewer)
     for name in ("as_written", "fixed", "reference"):
         program = probe["programs"].get(name)
         if program is None or (name == "reference" and state.RANK != 0):
@@ -404,6 +407,7 @@ def _job_tokens(probe: dict) -> dict:
             if name == "as_written":  # the count as the user's code computed it
                 seen = [x for x in capture.records.get("tokens", []) if x is not None]
                 tokens = num(seen[0]) if seen else capture.batch_valid.get(state.RANK, 0)
+                averaged = sum(capture.tokens_seen.values())
         except VariantFailed as exc:
             if name == "fixed":
                 failures[name] = str(exc)
@@ -412,7 +416,7 @@ def _job_tokens(probe: dict) -> dict:
         finally:
             capture.counting_pass(False)
     if state.RANK != 0:
-        return {"tokens": tokens}
+        return {"tokens": tokens, "averaged": averaged}
     cmp = compare(runs["as_written"]["grads"], runs["reference"]["grads"], FLOAT32_SUMS)
     fixed = fixed_outcome(runs, failures, ("grads",), FLOAT32_SUMS, TOKENS_FIX)
     ev = {"world_size": state.WORLD, "backend": "gloo", **reference_evidence(cmp, FLOAT32_SUMS, fixed)}
@@ -424,10 +428,14 @@ def _job_tokens(probe: dict) -> dict:
         detail = (
             f"the gradient DDP averages differs from the global token mean by {pct(cmp['max_rel'])} (max rel)"
         )
-    return {"tokens": tokens, **verdict(not cmp["match"], detail, ev, fixed, probe.get("notes", []))}
+    return {
+        "tokens": tokens,
+        "averaged": averaged,
+        **verdict(not cmp["match"], detail, ev, fixed, probe.get("notes", [])),
+    }
 
 
-DIST_JOBS = {"ddp_sync": _job_sync, "ddp_tokens": _job_tokens, **FSDP_JOBS}
+DIST_JOBS = {"ddp_sync": _job_sync, "ddp_tokens": _job_tokens, **FSDP_JOBS, **BYPASS_JOBS, **DEEPSPEED_JOBS}
 
 
 def drive_distributed(probe: dict) -> dict:
@@ -437,7 +445,7 @@ def drive_distributed(probe: dict) -> dict:
     except DistUnavailable as exc:
         return not_executable(f"the two-process gloo run failed: {exc}")
     first = results[0]
-    out = {k: v for k, v in first.items() if k not in ("failed", "tokens")}
+    out = {k: v for k, v in first.items() if k not in ("failed", "tokens", "averaged")}
     out["device"] = "cpu"  # the ranks run on the CPU (gloo) whatever device the other probes use
     if "status" not in out:
         return result("error", "rank 0 of the data-parallel run gave no result", {})
@@ -445,6 +453,13 @@ def drive_distributed(probe: dict) -> dict:
         tokens = [r.get("tokens", 0) for r in results]
         out["evidence"]["valid_tokens_per_rank"] = tokens
         shown = " and ".join(f"{t:g}" for t in tokens)
+        averaged = [r.get("averaged", 0) for r in results]
+        if all(averaged) and averaged != tokens:  # the count and what the loss averages over differ
+            out["evidence"]["loss_targets_per_rank"] = averaged
+            over = " and ".join(f"{t:g}" for t in averaged)
+            shown += (
+                f" (the loss itself averages over {over} targets: the code counts labels its loss leaves out)"
+            )
         out["detail"] = f"on {DIST_WORLD} processes (gloo) whose token counts are {shown}: " + out["detail"]
     return out
 

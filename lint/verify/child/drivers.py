@@ -33,7 +33,7 @@ from .compare import (
     worse,
 )
 from .sandbox import UnboundName, VariantFailed, call_user, exec_program, is_binding, seed
-from .standins import LONG_STEPS, LOSS_SCALE, STEPS
+from .standins import LONG_STEPS, LOSS_SCALE, STEPS, TRIAL_SHAPES, float_shape
 
 CHECKPOINT_FIX = FixWording(
     "with the fix it raises {failure}",
@@ -92,22 +92,23 @@ def run_variants(probe: dict, names: tuple[str, ...], run) -> tuple[dict, dict]:
     capture.stood_in.clear()  # what an earlier probe left unreported
     capture.sized_by_pattern.clear()
     capture.entry.clear()
+    float_shape(None)
+    found = None
     for index in range(len(alternatives)):
-        try:
-            ns = exec_program(_alt(programs["reference"], index), "reference")
-            seed(1)
-            reference = run(ns)
+        found, failure = _reference_by_trial(_alt(programs["reference"], index), run)
+        if found is not None:
             chosen = index
             break
-        except VariantFailed as exc:
-            if isinstance(exc.exc, SystemExit):
-                return {}, {"reference": str(exc)}
-            if first_failure is None or (
-                str(exc).startswith("uses `") and not first_failure.startswith("uses `")
-            ):
-                first_failure = str(exc)
-    else:
+        if isinstance(failure.exc, SystemExit):
+            return {}, {"reference": str(failure)}
+        if first_failure is None or (
+            str(failure).startswith("uses `") and not first_failure.startswith("uses `")
+        ):
+            first_failure = str(failure)
+    if found is None:
+        float_shape(None)
         return {}, {"reference": first_failure or "no program"}
+    reference, shape_note = found
     probe["chosen"] = chosen  # the drivers read what the chosen program synthesised
     runs = {"reference": reference}
     failures: dict[str, str] = {}
@@ -122,7 +123,42 @@ def run_variants(probe: dict, names: tuple[str, ...], run) -> tuple[dict, dict]:
             failures[name] = str(exc)
             if isinstance(exc.exc, UnboundName | SystemExit):
                 break
+    float_shape(None)
+    if shape_note:
+        capture.entry.append(shape_note)
     return runs, failures
+
+
+SHAPE_ERRORS = re.compile(
+    r"expected \dD|shape|size mismatch|mat1 and mat2|channels|dimension|must match the size", re.IGNORECASE
+)
+
+
+def _reference_by_trial(program: str, run) -> tuple[tuple[dict, str] | None, VariantFailed | None]:
+    """Run the reference with synthetic inputs shaped (B, T, D); when that fails on a shape, with a few
+    other shapes (an image model's (B, C, H, W), flat features), the one that fits named. Returns
+    ((the run, the note naming a shape found by trial), None) or (None, the first failure)."""
+    first: VariantFailed | None = None
+    for shape in (None, *TRIAL_SHAPES):
+        float_shape(shape)
+        try:
+            ns = exec_program(program, "reference")
+            seed(1)
+            out = run(ns)
+        except VariantFailed as exc:
+            first = first or exc
+            if not SHAPE_ERRORS.search(str(first)) or isinstance(exc.exc, UnboundName | SystemExit):
+                return None, first
+            continue
+        note = ""
+        if shape is not None:
+            failed = ["(B, T, D)", *(str(s) for s in TRIAL_SHAPES[: TRIAL_SHAPES.index(shape)])]
+            note = (
+                f"synthetic inputs shaped {tuple(shape)}, found by trial after {', '.join(failed)} "
+                f"did not fit ({str(first)[:80]})"
+            )
+        return (out, note), None
+    return None, first
 
 
 def _alt(program, index: int) -> str:
@@ -134,9 +170,12 @@ def _harness_failure(text: str) -> bool:
     return text.startswith("uses `") or text.startswith("the snippet called")
 
 
+DID_NOT_RUN = "did not run with the stand-in values"
+
+
 def _did_not_run(probe: dict, run: dict, label: str) -> dict | None:
     if probe.get("hit_key") and not run["hits"].get(probe["hit_key"]):
-        return not_executable(f"{label} did not run with the stand-in values")
+        return not_executable(f"{label} {DID_NOT_RUN}")
     return None
 
 
@@ -159,7 +198,8 @@ def drive_grads(probe: dict) -> dict:
     the detail names the inputs it synthesised and what the other state gives."""
     first = _grads_once(probe)
     inputs = SYNTHETIC_FLOAT.findall(_alt(probe["programs"]["reference"], probe.get("chosen", 0)))
-    if not inputs or first["status"] == "not-executable":
+    skipped = DID_NOT_RUN in first["detail"]
+    if not inputs or (first["status"] == "not-executable" and not skipped):
         return first
     state.INPUTS_REQUIRE_GRAD = True
     try:
@@ -167,6 +207,14 @@ def drive_grads(probe: dict) -> dict:
     finally:
         state.INPUTS_REQUIRE_GRAD = False
     names = ", ".join(f"`{n}`" for n in inputs)
+    if skipped:
+        # the code checkpoints only inputs that require grad (`if x.requires_grad: checkpoint(...)`)
+        second["evidence"]["synthetic_inputs"] = inputs
+        second["detail"] += (
+            f"; with the synthetic input {names} requiring grad (as an earlier layer's output does): as a "
+            "batch (no grad) the checkpoint call does not run"
+        )
+        return second
     first["evidence"]["synthetic_inputs"] = inputs
     first["evidence"]["with_inputs_requiring_grad"] = second["status"]
     if second["status"] == first["status"]:
@@ -280,7 +328,7 @@ def drive_side_effects(probe: dict) -> dict:
 
     def run(ns: dict) -> dict:
         out = run_grads_variant(ns, roots)
-        out["state"] = state_of({r: ns[r] for r in roots if r in ns})
+        out["state"] = state_of({r.removeprefix("__tl_arg_"): ns[r] for r in roots if r in ns})
         out["globals"] = {
             k.removeprefix("__tl_arg_"): float(len(v)) if isinstance(v, list | dict | set) else float(v)
             for k, v in ns.items()
@@ -341,7 +389,8 @@ def drive_side_effects(probe: dict) -> dict:
         if changed["differing"]:
             parts.append(f"state differs afterwards: {short_list(changed['differing'])}")
         parts.extend(f"`{k}` ends at {glob[k][0]:g} instead of {glob[k][1]:g}" for k in glob_diff)
-        return result("confirmed", "in one forward+backward, " + "; ".join(parts), ev)
+        said = note_text(probe.get("notes", []))
+        return result("confirmed", "in one forward+backward, " + "; ".join(parts) + said, ev)
     label, c = next(iter(counts.items()))
     return result(
         "not-reproduced",

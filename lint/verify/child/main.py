@@ -45,6 +45,8 @@ DRIVERS = {
     "ddp_tokens": drive_distributed,
     "sampler_order": drive_sampler_order,
     **{name: drive_distributed for name in FSDP_JOBS},
+    "ddp_bypass": drive_distributed,
+    "deepspeed_scaling": drive_distributed,
     "hf_checkpointing": drive_hf_checkpointing,
 }
 

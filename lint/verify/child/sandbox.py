@@ -303,6 +303,7 @@ def exec_program(code: str, filename: str) -> dict:
     # imported here: the surface imports every module of the child, this one included
     surface = importlib.import_module(f"{__package__}.surface")
     ns: dict = {"__name__": "__trainlint_probe__", "__tl__": surface}
+    surface.config_defaults({})  # settings defaults are per program (set by `bind.Program.render`)
     Unbound.touched.clear()
     capture.hit_counts.clear()
     capture.records.clear()

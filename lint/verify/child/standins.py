@@ -11,6 +11,7 @@ import re
 import torch
 
 from . import capture, state
+from .known import ACTIVATIONS, KNOWN_HELPERS
 from .sandbox import Unbound
 
 
@@ -270,6 +271,7 @@ class Unset(Unbound):
 # ``num_input_features``, ``pad_token_id``); the first pattern that matches decides
 _SIZE_PATTERNS = (
     (re.compile(r"(kernel|patch|window|pool)_size$|stride$"), 1),
+    (re.compile(r"resolution$"), (8, 8)),  # a feature map's (H, W): the trial input shapes' 8 x 8
     (re.compile(r"vocab(_size)?$|^n_?tokens$"), V),
     (re.compile(r"(_token_id|_idx|_index)$"), 0),
     (re.compile(r"(drop|dropout)(_prob|_rate|_p)?$|_pdrop$"), 0.1),
@@ -301,7 +303,14 @@ class Config:
             return values[attr]
         if attr.startswith("_"):
             return Unbound(attr)
-        value = arg(f"{object.__getattribute__(self, '_tl_name')}.{attr}")
+        name = f"{object.__getattribute__(self, '_tl_name')}.{attr}"
+        default = _field_defaults.get(attr, _MISSING)
+        # the file reads it with a default of its own (a bound it compares with yields to a size
+        # known by name: `config.n_layer > 1` keeps two layers)
+        if default is not _MISSING and not (type(default) is int and attr.lower() in _BY_NAME):
+            capture.sized_by_pattern[name] = _field_defaults[attr]
+            return _field_defaults[attr]
+        value = arg(name)
         if isinstance(value, Config):  # a nested config keeps what is set on it (self.args.x = 4)
             values[attr] = value
         return value
@@ -312,6 +321,16 @@ class Config:
     def get(self, key, default=None):
         value = getattr(self, key)
         return default if isinstance(value, Unbound) else value
+
+
+_field_defaults: dict[str, object] = {}
+
+
+def config_defaults(defaults: dict[str, object]) -> None:
+    """Settings fields the file reads with its own default (``getattr(config, "x", "absolute")``, a
+    field tested ``is None``): settings stand-ins answer them with it."""
+    _field_defaults.clear()
+    _field_defaults.update(defaults)
 
 
 def config_as(cls: type, name: str = "config") -> Config:
@@ -383,7 +402,18 @@ def data(kind: str = "float", **kwargs):
         return torch.randint(0, V, (B, T), device=state.DEVICE)
     if kind == "positions":
         return torch.arange(T, device=state.DEVICE).unsqueeze(0).expand(B, T)
-    return torch.randn(B, T, D, device=state.DEVICE).requires_grad_(state.INPUTS_REQUIRE_GRAD)
+    shape = _float_shape[0] or (B, T, D)
+    return torch.randn(*shape, device=state.DEVICE).requires_grad_(state.INPUTS_REQUIRE_GRAD)
+
+
+# the shape of synthetic float inputs: (B, T, D) unless a probe found another by trial (an image
+# model's (B, C, H, W)); ``drivers.run_variants`` sets it
+_float_shape: list[tuple[int, ...] | None] = [None]
+TRIAL_SHAPES = ((B, D, 8, 8), (B, 8, 8, D), (B, 3, 16, 16), (B, D))
+
+
+def float_shape(shape: tuple[int, ...] | None) -> None:
+    _float_shape[0] = shape
 
 
 # --------------------------------------------------------------------------------------------------
@@ -408,8 +438,21 @@ class Output:
         return iter([v for v in self.__dict__.values() if v is not None])
 
 
+class TinyModel(torch.nn.Sequential):
+    """The probe's model. On one rank it is its own ``.module`` (the code reaches the model inside its
+    DistributedDataParallel wrapper as ``ddp_model.module``)."""
+
+    @property
+    def module(self) -> torch.nn.Module:
+        return self.__dict__.get("_tl_module", self)
+
+    @module.setter
+    def module(self, inner: torch.nn.Module) -> None:
+        self.__dict__["_tl_module"] = inner  # not a sub-module: no cycle in `modules()`
+
+
 def tiny_model() -> torch.nn.Module:
-    return torch.nn.Sequential(torch.nn.Linear(D, D), torch.nn.Tanh(), torch.nn.Linear(D, D)).to(state.DEVICE)
+    return TinyModel(torch.nn.Linear(D, D), torch.nn.Tanh(), torch.nn.Linear(D, D)).to(state.DEVICE)
 
 
 def step_batch(step: int, growing: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -611,6 +654,14 @@ class Missing(Unbound):
         if _LOSS_NAMES.search(name.rsplit(".", 1)[-1]) and len(args) >= 2:
             self._used(" (as a token-mean cross-entropy)")
             return token_mean_loss(*args[:2], **kwargs)
+        last = name.rsplit(".", 1)[-1]
+        known = KNOWN_HELPERS.get(last)
+        if known is None and re.search(r"Output(WithPast\w*)?$|Output\w*Attentions$", last) and not args:
+            known = ("as a model output holding what it is given", lambda **fields: Output(**fields))
+        if known is not None:
+            how, helper = known
+            self._used(f" ({how})")
+            return helper(*args, **kwargs)
         self._used()
         if len(args) == 1 and not kwargs and (isinstance(args[0], type) or inspect.isfunction(args[0])):
             return args[0]  # used as a decorator
@@ -621,9 +672,18 @@ class Missing(Unbound):
         name = object.__getattribute__(self, "_tl_name")
         return Missing(f"{name}()", object.__getattribute__(self, "_tl_origin"))  # a decorator factory
 
+    def __getitem__(self, key):
+        # an activation table looked up by name (`ACT2FN[config.hidden_act]`): torch's activation
+        if isinstance(key, str) and key.lower() in ACTIVATIONS:
+            self._used(f"[{key!r}] (as torch's {ACTIVATIONS[key.lower()].__name__})")
+            return ACTIVATIONS[key.lower()]()
+        self._fail()
+
     def __mro_entries__(self, bases):
         self._used()
-        return (MissingBase,)
+        name = object.__getattribute__(self, "_tl_name")
+        origin = object.__getattribute__(self, "_tl_origin")
+        return (type(name.rsplit(".", 1)[-1], (MissingBase,), {"_tl_base": name, "_tl_origin": origin}),)
 
 
 def _descriptive(value) -> bool:
@@ -652,10 +712,22 @@ class MissingBase(torch.nn.Module):
     """A base class from a module the child cannot import: a module that accepts any constructor
     arguments (a first non-tensor one is kept as ``config``, as model base classes do)."""
 
+    _tl_base = "base class"
+    _tl_origin = ""
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__()
         if args and not isinstance(args[0], torch.Tensor):
             self.config = args[0]
+
+    def __getattr__(self, attr: str):
+        try:
+            return super().__getattr__(attr)
+        except AttributeError:
+            if attr.startswith("_"):
+                raise
+        # a method the library's base class provides (`self.post_init()`): a stand-in, named when used
+        return Missing(f"{type(self)._tl_base}.{attr}", type(self)._tl_origin)
 
 
 def on_path(folder: str) -> None:
@@ -667,10 +739,11 @@ def on_path(folder: str) -> None:
         sys.path.append(folder)
 
 
-def missing(name: str, target: str) -> Missing:
+def missing(name: str, target: str, own: bool = False) -> Missing:
     """The stand-in for ``name``, imported as ``target`` (a dotted path; relative for the user's own
-    package)."""
-    own = target.startswith(".")
+    package). ``own``: the user's own package imported by its absolute name (``from timm.layers`` in
+    timm), which does not import here (one of its dependencies is not installed)."""
+    own = own or target.startswith(".")
     module = target.rsplit(".", 1)[0] if "." in target.lstrip(".") else target
     origin = f"`{module}`, the user's own package" if own else f"`{module.split('.')[0]}`, not installed here"
     qualified = name if target.startswith(name + ".") or target == name else target

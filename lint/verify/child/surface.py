@@ -5,6 +5,7 @@ here; the settings that change after import are read through ``__getattr__`` so 
 from __future__ import annotations
 
 from . import state
+from .blocks import block, chosen, plain_checkpoint
 from .capture import (
     begin_micro,
     begin_run,
@@ -35,6 +36,7 @@ from .standins import (
     census,
     concat_batches,
     config_as,
+    config_defaults,
     data,
     layer,
     layers,
@@ -79,9 +81,12 @@ __all__ = [
     "arg",
     "begin_micro",
     "begin_run",
+    "block",
     "census",
+    "chosen",
     "concat_batches",
     "config_as",
+    "config_defaults",
     "count",
     "counting_pass",
     "data",
@@ -98,6 +103,7 @@ __all__ = [
     "on_path",
     "param",
     "place",
+    "plain_checkpoint",
     "rank_batch",
     "record",
     "scaler",

@@ -14,7 +14,16 @@ from collections.abc import Callable
 from typing import Any
 
 from trainlint.verify.context import ProbeContext
-from trainlint.verify.probes import accumulation, amp, checkpoint, distributed, hf, sharding
+from trainlint.verify.probes import (
+    accumulation,
+    amp,
+    checkpoint,
+    distributed,
+    engines,
+    hf,
+    sharding,
+    wrapping,
+)
 
 Probe = Callable[[ProbeContext], dict[str, Any]]
 
@@ -36,8 +45,10 @@ PROBES: dict[str, Probe] = {
     "TL501": distributed.tl501,
     "TL502": distributed.tl502,
     "TL503": sharding.tl503,
+    "TL504": engines.tl504,
     "TL505": sharding.tl505,
     "TL506": sharding.tl506,
+    "TL507": wrapping.tl507,
 }
 
 __all__ = ["PROBES", "Probe"]

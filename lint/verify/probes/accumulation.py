@@ -7,7 +7,18 @@ from typing import Any
 
 import libcst as cst
 
-from trainlint.model import Site, dotted, in_loop, innermost_loop, int_value, split_lines, walk
+from trainlint.model import (
+    Site,
+    attr_name,
+    dotted,
+    exclusive,
+    in_loop,
+    innermost_loop,
+    int_value,
+    receiver,
+    split_lines,
+    walk,
+)
 from trainlint.rules.accumulation.tl302_loss_accumulated_with_graph import LossAccumulatedWithGraph
 from trainlint.rules.accumulation.tl303_zero_grad_every_microstep import ZeroGradEveryMicrostep
 from trainlint.verify.context import ProbeContext, replace_node
@@ -22,7 +33,6 @@ from trainlint.verify.probes._tokens import (
     division_at,
     division_statements,
     loss_target,
-    stand_in_lm,
     token_callers,
     token_window_binder,
 )
@@ -48,7 +58,7 @@ def tl301(ctx: ProbeContext) -> dict[str, Any]:
     model = ctx.model
     division = division_at(ctx)
     scope = division.site.scope
-    stmt, regions, blank = division_statements(ctx, division)
+    stmt, regions, blank, _ = division_statements(ctx, division)
     k_value, notes = accumulation_count(model, scope, division.divisor)
     divisor_text = model.code(division.divisor)
     if k_value < 2:
@@ -68,15 +78,18 @@ def tl301(ctx: ProbeContext) -> dict[str, Any]:
         "reference": window_code(model.source, regions, [*blank, count]),
         "fixed": window_code(model.source, regions, [*blank, fixed_edit]),
     }
-    parsed, callers = token_callers(model, scope, windows["as_written"])
-    ignore = loss_ignore_index(parsed) or loss_ignore_index(scope.node)
+    calls = token_callers(model, scope, windows["as_written"])
+    callers = calls.callers
+    ignore = loss_ignore_index(calls.parsed) or loss_ignore_index(scope.node)
     if ignore is not None:
         notes.append(f"padding labels are {ignore}, the `ignore_index` of the file's loss")
     target = loss_target(division, stmt)
-    stand_ins = {c: stand_in_lm(model, scope, parsed, c, notes) for c in callers}
+    stand_ins = calls.stand_ins(model, scope, notes)
+    members = calls.members(model, scope, windows["as_written"], stand_ins)
+    notes.extend(members.notes)
     programs = {}
     for name, window in windows.items():
-        binder, per_micro = token_window_binder(model, scope, window, stand_ins)
+        binder, per_micro = token_window_binder(model, scope, window, stand_ins, members)
         k_here = 1 if name == "reference" else k_value
         if name == "as_written":
             notes.extend(binder.notes)
@@ -94,6 +107,7 @@ def tl301(ctx: ProbeContext) -> dict[str, Any]:
         program = (
             "import torch as __tl_torch__\n"
             + binder.carry.code()
+            + members.code()
             + "__tl__.seed(0)\n"
             + "".join(line + "\n" for line in binder.lines)
             + f"__tl_accum__ = {k_here}\n"
@@ -159,7 +173,8 @@ def _added_expression(site: Site) -> cst.BaseExpression:
 def _total_name(site: Site) -> str | None:
     node = site.node
     if isinstance(node, cst.AugAssign):
-        return dotted(node.target)
+        target = node.target
+        return dotted(target.value if isinstance(target, cst.Subscript) else target)  # ``totals[k] += v``
     if isinstance(node, cst.Assign):
         return dotted(node.targets[0].target)
     if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
@@ -167,11 +182,13 @@ def _total_name(site: Site) -> str | None:
     return None
 
 
-def _resets(model, site: Site) -> list[Site]:
-    """Statements of the same loop that start the total afresh (``total = 0.0``): the window keeps
-    them, so that a total reset on every iteration holds one iteration's graph, as it does when run."""
+def _resets(model, site: Site, backward: Site) -> list[Site]:
+    """Statements of the training loop (the innermost loop around the total that also holds the
+    backward) that start the total afresh (``total = 0.0``): the window keeps them, so that a total
+    reset on every iteration holds one iteration's graph, as it does when run."""
     name = _total_name(site)
-    loop = innermost_loop(site)
+    around = [f for f in site.frames if f.kind == "loop" and f.branch == "body" and in_loop(backward, f)]
+    loop = around[-1] if around else innermost_loop(site)
     if name is None or loop is None:
         return []
     out = []
@@ -190,6 +207,12 @@ def _resets(model, site: Site) -> list[Site]:
     return out
 
 
+def _detached(code: str) -> str:
+    """``code`` with every tensor in it detached (a loss, or an output dict that holds one)."""
+    leaf = "lambda __tl_t__: __tl_t__.detach() if isinstance(__tl_t__, __tl_torch__.Tensor) else __tl_t__"
+    return f"__tl_torch__.utils._pytree.tree_map({leaf}, ({code}))"
+
+
 def tl302(ctx: ProbeContext) -> dict[str, Any]:
     """The loop as written vs the same loop with the added loss detached; counts the autograd nodes
     that are still reachable from the program's variables after each iteration."""
@@ -197,9 +220,9 @@ def tl302(ctx: ProbeContext) -> dict[str, Any]:
     site = _statement_site(ctx)
     backward = ctx.related(LossAccumulatedWithGraph.BACKWARD)
     added = _added_expression(site)
-    window = build_loop(ctx, site, backward, _resets(model, site), iterations=GRAPH_ITERATIONS)
+    window = build_loop(ctx, site, backward, _resets(model, site, backward), iterations=GRAPH_ITERATIONS)
     variants = {
-        "reference": [replace_node(model, added, f"({model.code(added)}).detach()")],
+        "reference": [replace_node(model, added, _detached(model.code(added)))],
         "as_written": [],
     }
     programs = {name: window.render(edits, census=True) for name, edits in variants.items()}
@@ -222,7 +245,28 @@ def tl303(ctx: ProbeContext) -> dict[str, Any]:
     last microbatch)."""
     zero = flagged_call(ctx, "zero_grad")
     step = ctx.related(ZeroGradEveryMicrostep.STEP)
-    backward = backward_for(ctx, step, kinds=("scaled_backward", "backward"))
+    try:
+        backward = backward_for(ctx, step, kinds=("scaled_backward", "backward"))
+    except NotExecutable:
+        backward = _manual_backward(ctx, step)
     window = build_loop(ctx, zero, backward, [step])
     variants = moved_after_step(ctx, zero, step)
     return loop_probe(window, variants)
+
+
+def _manual_backward(ctx: ProbeContext, site: Site) -> Site:
+    """Lightning's ``self.manual_backward(loss)`` in the step function of ``site`` (a
+    ``training_step`` under manual optimization): the last one before it, else the first after."""
+    loop = innermost_loop(site)
+    candidates = [
+        s
+        for s in ctx.model.calls_in(site.scope)
+        if attr_name(s.node) == "manual_backward"  # type: ignore[arg-type]
+        and dotted(receiver(s.node)) == "self"  # type: ignore[arg-type]
+        and not exclusive(s.frames, site.frames)
+        and (loop is None or in_loop(s, loop))
+    ]
+    if not candidates:
+        raise NotExecutable("no backward call in the loop of the flagged call")
+    before = [s for s in candidates if s.order < site.order]
+    return before[-1] if before else candidates[0]

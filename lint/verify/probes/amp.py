@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from typing import Any
 
 import libcst as cst
@@ -38,7 +39,7 @@ from trainlint.verify.probes._common import (
     moved_after_step,
     small_statement,
 )
-from trainlint.verify.source import NotExecutable, analyse_names, call_site_at, indent
+from trainlint.verify.source import NotExecutable, analyse_names, call_site_at, indent, is_literal
 from trainlint.verify.values import file_value, runtime_read
 from trainlint.verify.window import (
     Binder,
@@ -80,13 +81,57 @@ def _model_roles(model: FileModel, scope, exprs: list[cst.CSTNode], roles: dict[
     for expr in exprs:
         for key in parameters_receivers(expr):
             roles.setdefault(key, "__tl_model__")
-    # names bound to parameter lists of the model (params = list(model.parameters()))
+    # names bound to parameter lists of the model (params = list(model.parameters()), or
+    # `self.unet_params = unet.parameters()` in `__init__`)
     for expr in exprs:
-        for node in walk(expr):
-            if isinstance(node, cst.Name) and node.value not in roles:
-                for value in model.values_of(node, scope):
-                    if parameters_receivers(value):
-                        roles[node.value] = "list(__tl_model__.parameters())"
+        for key in _parameter_lists(model, scope, expr):
+            roles.setdefault(key, "list(__tl_model__.parameters())")
+
+
+def _parameter_lists(model: FileModel, scope, expr: cst.CSTNode) -> list[str]:
+    """Names and ``self.x`` in ``expr`` that the file binds to a module's parameters."""
+    out = []
+    for node in walk(expr):
+        key = dotted(node) if isinstance(node, cst.Name | cst.Attribute) else None
+        if (
+            key is None
+            or key in out
+            or (key.count(".") and not key.startswith("self."))
+            or key.count(".") > 1
+        ):
+            continue
+        if any(parameters_receivers(value) for value in model.values_of(node, scope)):
+            out.append(key)
+    return out
+
+
+CLIP_NAMES = ("clip_grad_norm_", "clip_grad_value_", "clip_grad_norm")
+
+
+def _other_modules(model: FileModel, scope, window: str, roles: dict[str, str], notes: list[str]) -> None:
+    """Modules of the window other than the one the probe trains (``text_encoder.parameters()`` next to
+    ``unet.parameters()``, or their parameter lists): stand-ins whose parameters get no gradient here,
+    named."""
+    try:
+        tree = cst.parse_module(window)
+    except cst.ParserSyntaxError:
+        return
+    others = [(k, "__tl__.tiny_model()") for k in parameters_receivers(tree)]
+    lists = _parameter_lists(model, scope, tree)
+    # what a clip call is given as its parameters is a parameter list by its use
+    for node in walk(tree):
+        if isinstance(node, cst.Call) and (dotted(node.func) or "").endswith(CLIP_NAMES):
+            given = first_arg(node, "parameters")
+            key = dotted(given) if given is not None else None
+            if key and key.count(".") <= 1 and key not in lists:
+                lists.append(key)
+    others += [(k, "list(__tl__.tiny_model().parameters())") for k in lists]
+    for key, value in others:
+        if key not in roles:
+            roles[key] = value
+            notes.append(
+                f"`{key}` is a stand-in apart from the probe's model (its parameters get no gradient)"
+            )
 
 
 def _step_optimizer_role(
@@ -109,13 +154,31 @@ def _step_optimizer_role(
     return [built[-1]]
 
 
+def _optimizer_loop(
+    model: FileModel, scope, step_call: cst.Call, roles: dict[str, str], notes: list[str]
+) -> None:
+    """``for optimizer in self.optimizers: scaler.step(optimizer)``: the list the loop walks holds the
+    probe's one optimizer (else the loop would step nothing)."""
+    optimizer_expr = first_arg(step_call, "optimizer")
+    key = dotted(optimizer_expr) if isinstance(optimizer_expr, cst.Name) else None
+    binding = model.lookup(key, scope) if key else None
+    if binding is None or binding.kind != "other" or not isinstance(binding.node, cst.For):
+        return
+    walked = dotted(binding.node.iter)
+    if walked and walked not in roles:
+        roles[walked] = f"[{roles[key]}]" if key in roles else "[]"
+        roles.pop(key, None)
+        notes.append(f"`{walked}` holds the one optimizer the probe steps")
+
+
 def _step_program(binder: Binder, window: str, loss_name: str, loss_line: str) -> str:
     """The program of one TL101 variant: a few steps of the window on the tiny model, the loss bound
     per step; ``binder`` holds the variant's roles and binds every other free name."""
-    role_names = [
-        n for r in binder.roles.values() for n in analyse_names(f"_ = {r}\n").free if not n.startswith("__tl")
-    ]
-    binder.bind([n for n in dict.fromkeys(role_names) if n not in binder.roles], [])
+    read = [analyse_names(f"_ = {r}\n") for r in binder.roles.values()]
+    role_names = [n for names in read for n in names.free if not n.startswith("__tl")]
+    # with the fields the roles read (`enabled=args.fp16`): the argparse namespace gets its defaults
+    role_attrs = [a for names in read for a in names.attrs]
+    binder.bind([n for n in dict.fromkeys(role_names) if n not in binder.roles], role_attrs)
     names = analyse_names(window)
     free = [n for n in names.free if n != loss_name and not n.startswith("__tl")]
     binder.bind(free, names.attrs)
@@ -136,6 +199,26 @@ def _step_program(binder: Binder, window: str, loss_name: str, loss_line: str) -
 
 # PyTorch's GradScaler default: the scale a scaler built without ``init_scale`` starts from
 DEFAULT_INIT_SCALE = 65536.0
+
+
+def _number(node: ast.AST) -> float:
+    """A constant written as arithmetic (``2**17.5``, ``2 ** 16``); ValueError for anything else."""
+    if (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, int | float)
+        and not isinstance(node.value, bool)
+    ):
+        return float(node.value)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return -_number(node.operand)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Sub | ast.Mult | ast.Div | ast.Pow):
+        left, right = _number(node.left), _number(node.right)
+        if isinstance(node.op, ast.Pow) and abs(right) > 64:
+            raise ValueError("exponent too large")
+        ops = {ast.Add: float.__add__, ast.Sub: float.__sub__, ast.Mult: float.__mul__}
+        ops.update({ast.Div: float.__truediv__, ast.Pow: float.__pow__})
+        return ops[type(node.op)](left, right)
+    raise ValueError("not a number")
 
 
 def _scaler_settings(model: FileModel, scope, scaler_expr) -> tuple[str, str, list[str]]:
@@ -161,6 +244,10 @@ def _scaler_settings(model: FileModel, scope, scaler_expr) -> tuple[str, str, li
             return enabled, scale, notes  # no loss scale to name
         elif found is not None and found.where != "written":
             notes.append(found.note(enabled))
+        elif found is None and not is_literal(kw.value) and not model.values_of(kw.value, scope):
+            # a switch set outside the file (`enabled=args.amp`): the finding is about the scaler in use
+            notes.append(f"`enabled={enabled}` is not in the file: taken as True (the scaler in use)")
+            enabled = "True"
     kw = keyword(call, "init_scale")
     if kw is None:
         notes.append(f"loss scale {DEFAULT_INIT_SCALE:g} (PyTorch's default init_scale)")
@@ -172,7 +259,7 @@ def _scaler_settings(model: FileModel, scope, scaler_expr) -> tuple[str, str, li
         )
         return enabled, scale, notes
     try:
-        value = float(ast.literal_eval(found.code))
+        value = _number(ast.parse(found.code, mode="eval").body)
     except (ValueError, TypeError, SyntaxError):
         notes.append(f"`init_scale={found.code}` is not a plain number: taken as {DEFAULT_INIT_SCALE:g}")
         return enabled, scale, notes
@@ -210,7 +297,59 @@ def _threshold_sweep(model: FileModel, clip, notes: list[str]) -> tuple[dict[str
         notes.append(f"`{path}` = `{'` or `'.join(dict.fromkeys(r for r in reads if r))}`, read at run time")
     if "." not in path and model.lookup(path, clip.scope) is None:
         return None, []  # not defined anywhere: the probe names it as unbound
-    return {"name": path, "values": list(CLIP_SWEEP)}, [replace_node(model, expr, "__tl_sweep__")]
+    # every read of the same setting in the function is the swept value (a second clip with the
+    # same `max_norm=self.clip_grad_norm`); edits outside the step window are dropped
+    not_reads = set()
+    for n in walk(clip.scope.node):
+        if isinstance(n, cst.Arg) and n.keyword is not None:
+            not_reads.add(id(n.keyword))
+        elif isinstance(n, cst.Attribute):
+            not_reads.add(id(n.attr))
+        elif isinstance(n, cst.AssignTarget | cst.Param):
+            not_reads.add(id(n.target if isinstance(n, cst.AssignTarget) else n.name))
+    same = [
+        n
+        for n in walk(clip.scope.node)
+        if type(n) is type(expr) and dotted(n) == path and id(n) not in not_reads
+    ]
+    return {"name": path, "values": list(CLIP_SWEEP)}, [replace_node(model, n, "__tl_sweep__") for n in same]
+
+
+def _step_taken(model: FileModel, clip, step, notes: list[str]) -> list:
+    """The conditions that gate ``scaler.step`` after the clip (``if (global_step + 1) % accum == 0``)
+    are taken as true, and said so: the probe runs one step per iteration."""
+    clip_ifs = {id(f.node) for f in clip.frames}
+    edits = []
+    for frame in step.frames:
+        if frame.kind == "if" and frame.branch == "body" and isinstance(frame.node, cst.If):
+            if (
+                id(frame.node) not in clip_ifs
+                and model.position(frame.node).start.line > model.position(clip.node).start.line
+            ):
+                test = frame.node.test
+                edits.append(replace_node(model, test, "True"))
+                notes.append(
+                    f"the step's condition `{model.code(test)}` taken as true (a step per iteration)"
+                )
+    # the class's own methods called after the step (`self._zero_grad(...)`): the probe zeroes the
+    # gradients itself before each step and measures the update made by the step
+    after = model.position(step.node).end.line
+    cls = clip.scope.enclosing_class
+    for site in model.calls_in(clip.scope):
+        func = site.node.func
+        if (
+            cls is not None
+            and isinstance(func, cst.Attribute)
+            and dotted(func.value) == "self"
+            and model.method(cls, func.attr.value) is not None
+            and model.position(site.node).start.line > after
+            and isinstance(site.parent, cst.Expr)
+        ):
+            edits.append(replace_node(model, site.node, "None"))
+            notes.append(
+                f"`{model.code(site.node)}` after the step is not run (the probe measures the step's update)"
+            )
+    return edits
 
 
 def tl101(ctx: ProbeContext) -> dict[str, Any]:
@@ -241,10 +380,12 @@ def tl101(ctx: ProbeContext) -> dict[str, Any]:
     roles: dict[str, str] = {}
     notes: list[str] = []
     opt_exprs = _step_optimizer_role(model, clip.scope, step.call, roles, notes)
+    _optimizer_loop(model, clip.scope, step.call, roles, notes)
     enabled, init_scale, scaler_notes = _scaler_settings(model, clip.scope, receiver(scale_call))
     notes.extend(scaler_notes)
     source = model.source
     sweep, swept = _threshold_sweep(model, clip, notes)
+    swept = [*swept, *_step_taken(model, clip, step.site, notes)]
     wrap = [insert_before(model, clip.node, "__tl__.record('clip', "), insert_after(model, clip.node, ")")]
     windows = {
         "as_written": window_code(source, regions, [*wrap, *swept]),
@@ -253,6 +394,10 @@ def tl101(ctx: ProbeContext) -> dict[str, Any]:
     if ctx.finding.fix is not None:
         windows["fixed"] = window_code(source, regions, [*ctx.fix_edits(), *swept])
     _model_roles(model, clip.scope, [clip.node, *opt_exprs], roles)
+    given = first_arg(clip.node, "parameters")  # the clip's own parameters are the probe's model's
+    if given is not None and dotted(given) and dotted(given) not in roles:
+        roles[dotted(given)] = "list(__tl_model__.parameters())"
+    _other_modules(model, clip.scope, windows["as_written"], roles, notes)
     programs: dict[str, str] = {}
     for name, window in windows.items():
         on = "False" if name == "reference" else f"({enabled})"
@@ -432,6 +577,20 @@ def _half_sites(ctx: ProbeContext) -> tuple[Site, Site, str, list[str]]:
     )
 
 
+TOTAL_STEPS = re.compile(r"^(t_total|(num_)?(train_|training_)?(optimization_)?steps|(total|max)_steps)$")
+
+
+def _schedule_length(binder: Binder, notes: list[str]) -> None:
+    """A schedule's length the file computes from its data (``t_total=num_train_optimization_steps``)
+    is the probe's own run: as many steps as it takes, and said so."""
+    for name in [n for n in binder.unbound if TOTAL_STEPS.match(n)]:
+        line = f"{name} = __tl__.Unbound({name!r})"
+        if line in binder.lines:
+            binder.lines[binder.lines.index(line)] = f"{name} = __tl__.LONG_STEPS"
+            note = f"`{name}` is not in the file: taken as the number of steps the probe runs"
+            notes.extend([note] if note not in notes else [])
+
+
 def tl105(ctx: ProbeContext) -> dict[str, Any]:
     """The converted model trained for a few dozen small steps by the user's optimizer vs the same
     model kept in fp32 with an autocast forward; compares how far the parameters moved."""
@@ -452,11 +611,17 @@ def tl105(ctx: ProbeContext) -> dict[str, Any]:
         roles = {
             n: "__tl__.DEVICE" for n in analyse_names(f"_ = {converted}\n").free if "device" in n.lower()
         }
+        # the conversion's names bound where it is, the optimizer's where it is built (another
+        # function: `prep_optimizer(args, ...)`), with the fields it reads (`args.lr`)
         binder = Binder(model, conversion.scope, roles=roles)
-        free = [
-            n for n in analyse_names(f"_ = {converted}\n_ = {opt_code}\n").free if not n.startswith("__tl")
-        ]
-        binder.bind(free, [])
+        read = analyse_names(f"_ = {converted}\n")
+        binder.bind([n for n in read.free if not n.startswith("__tl")], read.attrs)
+        opt_binder = Binder(model, optimizer_site.scope, roles=roles, carry=binder.carry)
+        read = analyse_names(f"_ = {opt_code}\n")
+        opt_free = [n for n in read.free if not n.startswith("__tl") and n not in binder.lines_for]
+        opt_binder.bind([n for n in opt_free if n not in binder.carry.names], read.attrs)
+        notes.extend(n for n in binder.notes + opt_binder.notes if n not in notes)
+        _schedule_length(opt_binder, notes)
         assert binder.carry is not None
         lines = [
             "import torch as __tl_torch__",
@@ -464,6 +629,7 @@ def tl105(ctx: ProbeContext) -> dict[str, Any]:
             "__tl__.seed(0)",
             "__tl_model__ = __tl__.tiny_model()",
             *binder.lines,
+            *opt_binder.lines,
         ]
         if name == "as_written":
             lines.append(f"__tl_model__ = {converted}")

@@ -3,6 +3,7 @@ run as written vs with the plain call."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import libcst as cst
@@ -23,6 +24,7 @@ CHECKPOINT_KEYWORDS = frozenset(
 )
 
 HIT = "ckpt"
+SYNTHETIC_FLOAT = re.compile(r'^(__tl_arg_\w+) = __tl__\.data\("float"\)$', re.MULTILINE)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -31,15 +33,19 @@ HIT = "ckpt"
 
 def _checkpoint_site(ctx: ProbeContext) -> Site:
     model = ctx.model
+    # `checkpoint = get_checkpoint_fn()`: the rule labels the factory's return; the flagged call is
+    # then a name bound to what it returns (no callee of its own)
+    from_factory = any(r.label == "factory" for r in ctx.finding.related)
 
     def accept(site: Site) -> bool:
         callee = model.callee(site)
-        return callee in CHECKPOINT_FUNCTIONS or callee == "functools.partial"
+        return (
+            callee in CHECKPOINT_FUNCTIONS
+            or callee == "functools.partial"
+            or (from_factory and callee is None and isinstance(site.node.func, cst.Name))
+        )
 
-    site = call_site_at(model, ctx.finding, accept)
-    if model.callee(site) == "functools.partial":
-        raise NotExecutable("checkpoint bound through functools.partial: the probe runs direct calls only")
-    return site
+    return call_site_at(model, ctx.finding, accept)
 
 
 def direct_call(model: FileModel, site: Site) -> str:
@@ -79,6 +85,8 @@ def direct_call(model: FileModel, site: Site) -> str:
 def _checkpoint_probe(ctx: ProbeContext, fixed: list[TextEdit] | None) -> dict[str, Any]:
     site = _checkpoint_site(ctx)
     model = ctx.model
+    if model.callee(site) == "functools.partial":
+        return _partial_probe(ctx, site, fixed)
     call = site.node
     wrap = [insert_before(model, call, f"__tl__.hit({HIT!r}, "), insert_after(model, call, ")")]
     variants = {
@@ -95,6 +103,66 @@ def _checkpoint_probe(ctx: ProbeContext, fixed: list[TextEdit] | None) -> dict[s
         "hit_key": HIT,
         "call_label": f"the checkpoint call on line {model.position(call).start.line}",
         "notes": notes,
+    }
+
+
+def _returned_partial(ctx: ProbeContext, site: Site) -> str:
+    """The name of the module-level function that returns ``functools.partial(checkpoint, ...)``
+    (a factory the model calls to get its checkpoint function)."""
+    model = ctx.model
+    call = site.node
+    assert isinstance(call, cst.Call)
+    pos = positional(call)
+    if not pos or not model.resolves_to(pos[0], site.scope, *CHECKPOINT_FUNCTIONS):
+        raise NotExecutable("`functools.partial` on the flagged line does not bind torch's checkpoint")
+    cls_name, func_name = entry_path(ctx, call)
+    _, func = find_entry(model, (cls_name, func_name))
+    scope = model.scope_for(func)
+    for node in walk(func):
+        if isinstance(node, cst.Return) and node.value is not None and scope is not None:
+            values = [node.value, *model.values_of(node.value, scope)]
+            if cls_name is None and any(v is call for v in values):
+                return func_name
+    raise NotExecutable(
+        f"the checkpoint `functools.partial` on line {model.position(call).start.line} is not returned by "
+        f"a module-level function: the probe applies what such a factory returns"
+    )
+
+
+def _partial_probe(ctx: ProbeContext, site: Site, fixed: list[TextEdit] | None) -> dict[str, Any]:
+    """A factory returning ``functools.partial(checkpoint, ...)``: the program calls it and applies
+    what it returns to a stand-in block (a Linear, then Dropout for TL204) on a synthetic input; the
+    reference binds a plain call in place of checkpoint."""
+    model = ctx.model
+    call = site.node
+    assert isinstance(call, cst.Call)
+    factory = _returned_partial(ctx, site)
+    wrap = [insert_before(model, call, f"__tl__.hit({HIT!r}, "), insert_after(model, call, ")")]
+    variants = {
+        "reference": [*wrap, replace_node(model, positional(call)[0], "__tl__.plain_checkpoint")],
+        "as_written": wrap,
+    }
+    if fixed:
+        variants["fixed"] = [*fixed, *wrap]
+    programs, roots, notes = entry_programs(ctx, site, variants)
+    random = ctx.finding.rule == "TL204"
+    apply = (
+        "__tl_factory__ = __tl_run__\n"
+        f"stand_in_block = __tl__.place(__tl__.block({'dropout' if random else ''!r}))\n"
+        "def __tl_run__():\n"
+        "    return __tl_factory__()(stand_in_block, __tl__.data('float'))\n"
+    )
+    block = "a Linear, then Dropout(p=0.1)" if random else "a Linear"
+    return {
+        "driver": "rng" if random else "grads",
+        "programs": {k: [p + apply for p in v] for k, v in programs.items()},
+        "roots": [*roots, "stand_in_block"],
+        "hit_key": HIT,
+        "call_label": f"the checkpoint function `{factory}` returns",
+        "notes": [
+            *notes,
+            f"what `{factory}` returns applied to a stand-in block ({block}) on a synthetic input",
+        ],
     }
 
 
@@ -137,9 +205,64 @@ def _module_globals_in(model: FileModel, node: cst.CSTNode) -> list[str]:
     return names
 
 
+def _layer_effect_probe(ctx: ProbeContext) -> dict[str, Any]:
+    """The checkpoint call itself is flagged: the layer it runs is a parameter whose forward (a class
+    of another file) updates BatchNorm statistics. The layer becomes a stand-in with a counted
+    BatchNorm; its inputs require grad (as an earlier layer's output does)."""
+    model = ctx.model
+    effect = next((r for r in ctx.finding.related if r.label == CheckpointSideEffect.EFFECT), None)
+    where = f"{effect.path}, line {effect.line}" if effect else "another file"
+    if effect is None or "BatchNorm" not in effect.message:
+        what = effect.message if effect else "the side effect"
+        raise NotExecutable(
+            f"{what} ({where}) is in a layer of another file; the probe stands in only for BatchNorm statistics"
+        )
+    site = call_site_at(model, ctx.finding, lambda s: model.callee(s) in CHECKPOINT_FUNCTIONS)
+    call = site.node
+    assert isinstance(call, cst.Call)
+    pos = positional(call)
+    layer = model.code(pos[0]) if pos else ""
+    if not layer.isidentifier():
+        raise NotExecutable(f"the checkpointed layer `{layer}` is not a parameter the probe can stand in for")
+    variants = {
+        "reference": [replace_node(model, call, f"__tl__.hit({HIT!r}, {direct_call(model, site)})")],
+        "as_written": [insert_before(model, call, f"__tl__.hit({HIT!r}, "), insert_after(model, call, ")")],
+    }
+    programs, roots, notes = entry_programs(ctx, site, variants)
+    var = f"__tl_arg_{layer}"
+    if not all(f"\n{var} = " in p for v in programs.values() for p in v):
+        raise NotExecutable(
+            f"the checkpointed layer `{layer}` is not a parameter of the function that holds it"
+        )
+
+    def stand_in(program: str) -> str:
+        program = re.sub(
+            rf"^{var} = .*$", f"{var} = __tl__.place(__tl__.block('batchnorm'))", program, flags=re.M
+        )
+        return SYNTHETIC_FLOAT.sub(r'\1 = __tl__.data("float").requires_grad_()', program)
+
+    line = model.position(call).start.line
+    return {
+        "driver": "side_effects",
+        "programs": {k: [stand_in(p) for p in v] for k, v in programs.items()},
+        "roots": [*roots, *([] if var in roots else [var])],
+        "counters": {"effect": f"the BatchNorm of a stand-in for `{layer}` (as at {where})"},
+        "reference_label": "without checkpoint",
+        "watch": [],
+        "hit_key": HIT,
+        "call_label": f"the checkpoint call on line {line}",
+        "notes": [
+            *notes,
+            f"`{layer}` stood in by a Linear, then BatchNorm; the synthetic inputs require grad",
+        ],
+    }
+
+
 def tl203(ctx: ProbeContext) -> dict[str, Any]:
     """One forward+backward with the checkpoint as written vs the plain call; counts how often the
     flagged statement runs and compares module state afterwards."""
+    if not any(r.label == CheckpointSideEffect.CHECKPOINT for r in ctx.finding.related):
+        return _layer_effect_probe(ctx)
     site = ctx.related(CheckpointSideEffect.CHECKPOINT)
     model = ctx.model
     call = site.node

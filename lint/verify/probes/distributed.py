@@ -13,7 +13,6 @@ from trainlint.verify.probes._tokens import (
     division_at,
     division_statements,
     loss_target,
-    stand_in_lm,
     token_callers,
     token_window_binder,
 )
@@ -58,7 +57,7 @@ def tl502(ctx: ProbeContext) -> dict[str, Any]:
     model = ctx.model
     division = division_at(ctx)
     scope = division.site.scope
-    stmt, regions, blank = division_statements(ctx, division)
+    stmt, regions, blank, initial = division_statements(ctx, division, climb=True)
     divisor = model.code(division.divisor)
     fixed_edit = replace_node(model, division.divisor, f"(__tl__.global_count({divisor}) / __tl__.WORLD)")
     recorded = replace_node(model, division.divisor, f"__tl__.record('tokens', {divisor})")
@@ -67,16 +66,19 @@ def tl502(ctx: ProbeContext) -> dict[str, Any]:
         "fixed": window_code(model.source, regions, [*blank, fixed_edit]),
         "reference": window_code(model.source, regions, blank),
     }
-    parsed, callers = token_callers(model, scope, windows["as_written"])
+    calls = token_callers(model, scope, windows["as_written"])
+    callers = calls.callers
     target = loss_target(division, stmt)
     programs = {}
     notes: list[str] = []
+    lms = calls.stand_ins(model, scope, notes)
+    members = calls.members(model, scope, windows["as_written"], lms)
+    notes.extend(members.notes)
+    notes.extend(f"`{n}` starts at {v}, as before the loop" for n, v in initial.items())
     for name, window in windows.items():
-        stand_ins = {}
-        for caller in callers:
-            lm = stand_in_lm(model, scope, parsed, caller, notes)
-            stand_ins[caller] = lm if name == "reference" else f"__tl__.ddp({lm})"
-        binder, per_rank = token_window_binder(model, scope, window, stand_ins)
+        stand_ins = {c: lm if name == "reference" else f"__tl__.ddp({lm})" for c, lm in lms.items()}
+        stand_ins.update(initial)
+        binder, per_rank = token_window_binder(model, scope, window, stand_ins, members)
         if name == "as_written":
             notes.extend(binder.notes)
         assert binder.carry is not None
@@ -84,6 +86,7 @@ def tl502(ctx: ProbeContext) -> dict[str, Any]:
         programs[name] = (
             "import torch as __tl_torch__\n"
             + binder.carry.code()
+            + members.code()
             + "__tl__.seed(0)\n"
             + "".join(line + "\n" for line in binder.lines)
             + f"for __tl_mb__ in [{batch}]:\n"

@@ -1,8 +1,6 @@
 """Probes of the sampling and sharding rules: TL505 on CPU without a process group; TL503, TL506 and
 TL110 run the user's statements on a real two-process gloo group with FSDP on the CPU (the child's
-``fsdp`` jobs). (TL507 has none: a probe could only show DDP's mechanism on a stand-in module,
-whatever the user's code does. TL504 has none: DeepSpeed's engine does not run on a CPU-only gloo
-group, see its RuleDoc.)"""
+``fsdp`` jobs). TL507's probe is in ``wrapping.py``, TL504's in ``engines.py``."""
 
 from __future__ import annotations
 
