@@ -44,6 +44,24 @@ def lint():
     return findings_for
 
 
+def lint_project(root: Path, files: dict[str, str], target: str, monkeypatch, capsys) -> list[dict]:
+    """Writes a project (a pyproject.toml and ``files``) and lints only ``target`` in it through the
+    command line, as pre-commit would: the JSON findings."""
+    import json
+
+    from trainlint.cli import run
+
+    (root / "pyproject.toml").write_text("")
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text).lstrip())
+    monkeypatch.chdir(root)
+    capsys.readouterr()
+    assert run(["--no-cache", "--format", "json", target]) in (0, 1)
+    return json.loads(capsys.readouterr().out)["findings"]
+
+
 class Snippets(dict[str, tuple[str, str]]):
     """name -> (rule id, dedented code); each snippet is linted as ``<name>.py`` with its rule only."""
 

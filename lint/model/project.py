@@ -615,21 +615,25 @@ class Project:
         facts). Walks the whole project once per process."""
         out: list[tuple[str, dict[str, Any]]] = []
         wanted = self._real(module_file)
+        # ``Class.method``: called on an instance the caller's class holds (``self.x = Class(...)``)
+        owner, _, method = function.rpartition(".")
+        name = owner or function
         for file in self._files():
             if self._real(file) == wanted:
                 continue
-            summary = self.index.summary(file, mentioning=function)  # (an import of it names it)
+            summary = self.index.summary(file, mentioning=name)  # (an import of it names it)
             if summary is None:
                 continue
             imported = {
                 local
                 for local, target in summary["imports"].items()
-                if target.rsplit(".", 1)[-1] == function and self._target_file(target, file) == wanted
+                if target.rsplit(".", 1)[-1] == name and self._target_file(target, file) == wanted
             }
             if not imported:
                 continue
-            for facts in summary["functions"].values():
-                out.extend((str(file), call) for call in facts["calls"] if call["callee"] in imported)
+            for key, facts in summary["functions"].items():
+                callees = imported if not owner else _instance_calls(summary, key, imported, method)
+                out.extend((str(file), call) for call in facts["calls"] if call["callee"] in callees)
         return out
 
     def _real(self, path: Path) -> str:
@@ -700,7 +704,7 @@ def _dependencies(
     scaler = [
         name
         for name, facts in sorted(own["functions"].items() if own else ())
-        if "." not in name and any(receives_scaler(p) for p in facts["params"])
+        if any(receives_scaler(p) for p in facts["params"])
     ]
     shape = answer_digest(imports)
     answer = recorded_answer(record, "imports", shape)
@@ -774,6 +778,16 @@ def _file_stamp(index: ProjectIndex, file: Path) -> tuple[int, int]:
     except OSError:
         return (-1, -1)
     return (info.st_mtime_ns, info.st_size)
+
+
+def _instance_calls(summary: Summary, function: str, classes: set[str], method: str) -> set[str]:
+    """The callees ``self.x.method`` in the method ``function`` (``Class.name``) of a class whose
+    ``self.x`` is assigned an instance of one of ``classes`` (local names) in any of its methods."""
+    owner = function.split(".")[0] if "." in function else None
+    facts = summary["classes"].get(owner) if owner else None
+    if facts is None:
+        return set()
+    return {f"self.{label}.{method}" for label, made in facts["submodules"].items() if made[0] in classes}
 
 
 def receives_scaler(param: list[Any]) -> bool:

@@ -124,12 +124,25 @@ def _params(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[list[Any]]:
     args = node.args
     positional = [*args.posonlyargs, *args.args]
     defaults: list[ast.AST | None] = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
-    params = [[a.arg, _literal(d), _dotted(a.annotation)] for a, d in zip(positional, defaults, strict=True)]
+    params = [
+        [a.arg, _literal(d), _annotation(a.annotation)] for a, d in zip(positional, defaults, strict=True)
+    ]
     params += [
-        [a.arg, _literal(d), _dotted(a.annotation)]
+        [a.arg, _literal(d), _annotation(a.annotation)]
         for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True)
     ]
     return params
+
+
+def _annotation(node: ast.AST | None) -> str | None:
+    """An annotation's dotted name; ``X`` for ``Optional[X]`` and ``X | None`` (an updater's
+    ``grad_scaler: Optional[GradScaler] = None``)."""
+    if isinstance(node, ast.Subscript) and _dotted(node.value) in ("Optional", "typing.Optional"):
+        return _dotted(node.slice)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        sides = [n for n in (node.left, node.right) if not (isinstance(n, ast.Constant) and n.value is None)]
+        return _dotted(sides[0]) if len(sides) == 1 else None
+    return _dotted(node)
 
 
 class _Function:
@@ -393,12 +406,13 @@ def _class_facts(node: ast.ClassDef) -> dict[str, Any]:
             else set()
         )
         for sub in walked:
-            if isinstance(sub, ast.Assign) and isinstance(sub.value, ast.Call):
-                callee = _dotted(sub.value.func)
+            made = _made(sub.value) if isinstance(sub, ast.Assign) else None
+            if isinstance(sub, ast.Assign) and made is not None:
+                callee = _dotted(made.func)
                 for target in sub.targets:
                     name = _dotted(target)
                     if callee and name and name.startswith("self.") and name.count(".") == 1:
-                        submodules.setdefault(name[5:], [callee, *_where(sub.value), _track_stats(sub.value)])
+                        submodules.setdefault(name[5:], [callee, *_where(made), _track_stats(made)])
             elif isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute):
                 if sub.func.attr == "add_module" and len(sub.args) == 2 and isinstance(sub.args[1], ast.Call):
                     label = sub.args[0].value if isinstance(sub.args[0], ast.Constant) else "?"
@@ -432,6 +446,16 @@ def _class_facts(node: ast.ClassDef) -> dict[str, Any]:
         "forward_effects": effects,
         "forward_calls": calls,
     }
+
+
+def _made(value: ast.AST) -> ast.Call | None:
+    """The construction assigned: ``C(...)``, or the branch of ``nn.Dropout(p) if p > 0 else
+    nn.Identity()`` that is not the placeholder."""
+    if isinstance(value, ast.IfExp):
+        options = [v for v in (value.body, value.orelse) if isinstance(v, ast.Call)]
+        real = [v for v in options if not (_dotted(v.func) or "").endswith("Identity")]
+        return (real or options or [None])[0]
+    return value if isinstance(value, ast.Call) else None
 
 
 def _track_stats(call: ast.Call) -> bool:
@@ -531,7 +555,7 @@ def _function(
 
 def outline(text: str, tree: ast.Module | None = None) -> Summary | None:
     """What a file's cache key and its imported facts need of its own text, without a walk of every
-    body: its ``imports`` and the ``params`` of its module-level ``functions`` (as in ``summarize``),
+    body: its ``imports`` and the ``params`` of its ``functions`` and methods (as in ``summarize``),
     or None when CPython cannot parse it. ``tree``: as in ``summarize``."""
     if tree is None:
         tree = _parse(text)
@@ -542,4 +566,9 @@ def outline(text: str, tree: ast.Module | None = None) -> Summary | None:
         for n in tree.body
         if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
     }
+    for node in tree.body:  # methods too: an updater's ``step`` may receive the scaler
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                    functions[f"{node.name}.{item.name}"] = {"params": _params(item)}
     return {"imports": _imports(tree), "functions": functions}

@@ -147,7 +147,10 @@ class Training:
             return False
         annotation = binding.node.annotation
         if annotation is not None:
-            return (dotted(annotation.annotation) or "").endswith(SCALER_CLASS_SUFFIX)
+            # ``Optional[GradScaler]``, ``GradScaler | None``: the scaler when one is passed
+            return any(
+                (dotted(node) or "").endswith(SCALER_CLASS_SUFFIX) for node in walk(annotation.annotation)
+            )
         lowered = name.lower()
         return lowered.endswith("scaler") and not lowered.startswith(("lr", "sched"))
 

@@ -90,6 +90,16 @@ class ProbeContext:
                 pos = self.model.position(site.node)
                 if pos.start.line == rel.line and pos.start.column + 1 == rel.column:
                     return site
+        elsewhere = [rel for rel in self.finding.related if rel.path and rel.label in (label, None)]
+        elsewhere = [
+            rel for rel in elsewhere if Path(rel.path).resolve() != Path(self.finding.path).resolve()
+        ]
+        if elsewhere:  # the index found it in another file: name that place, not the harness's label
+            rel = elsewhere[0]
+            raise NotExecutable(
+                f"the {label.replace('-', ' ')} this finding rests on is in another file ({rel.path}, line"
+                f" {rel.line}): the probe runs the statements of the flagged file only"
+            )
         raise NotExecutable(f"the finding has no call labelled `{label}` among its related locations")
 
     def fix_edits(self) -> list[TextEdit]:

@@ -57,8 +57,17 @@ def call_site_at(model: FileModel, finding: Finding, accept=lambda site: True) -
             if best is None or size < best[0]:
                 best = (size, site)
     if best is None:
-        raise NotExecutable(f"the flagged call at line {finding.line} was not found in the file")
+        raise NotExecutable(_why_no_call_site(model, span, finding.line))
     return best[1]
+
+
+def _why_no_call_site(model: FileModel, span: tuple[int, int, int, int], line: int) -> str:
+    """Names the call the finding points at when the probe does not run that kind of call."""
+    for site in model.calls:
+        if node_span(model, site.node) == span and isinstance(site.node, cst.Call):
+            name = dotted(site.node.func) or "the call"
+            return f"the flagged call `{name}(...)` at line {line} is not a call this probe runs"
+    return f"the flagged call at line {line} was not found in the file"
 
 
 # --------------------------------------------------------------------------------------------------

@@ -70,7 +70,11 @@ class ClipBeforeUnscale(Rule):
             "its construction (`torch.amp.GradScaler`, `torch.cuda.amp.GradScaler`, `torch.GradScaler`, "
             "FSDP's `ShardedGradScaler`, whatever `enabled=` says), through `self.scaler` assigned "
             "anywhere in the class, or by use (a parameter called as `x.scale(loss).backward()` and "
-            "`x.step(...)`). Helpers that unscale by themselves, such as Accelerate's "
+            "`x.step(...)`). An updater that only steps the scaler it receives (a function, or a "
+            "method of a class that another file holds as `self.updater = Updater(...)`, with a "
+            "parameter named `grad_scaler` or annotated `Optional[GradScaler]`) is reported when "
+            "another project file calls it after its scaled backward with no `unscale_` in between. "
+            "Helpers that unscale by themselves, such as Accelerate's "
             "`accelerator.clip_grad_norm_`, Lightning's `self.clip_gradients` or apex's "
             "`amp.scale_loss` context, are not reported."
         ),
@@ -591,21 +595,26 @@ def helper_does(model: FileModel, training: Training, site: Site, kind: str) -> 
 
 
 def scaled_by_caller(model: FileModel, site: Site, steps: list[Event]) -> Elsewhere | None:
-    """The scaler stepped here is a parameter of a module-level function (an "updater") that another
-    project file calls after its scaled backward, without an ``unscale_`` in between: where it does."""
+    """The scaler stepped here is a parameter of a module-level function or of a method of a
+    module-level class (an "updater") that another project file calls after its scaled backward,
+    without an ``unscale_`` in between: where it does."""
     keys = {e.key for e in steps if e.key}
     scope = site.scope
     function = scope.node
     if len(keys) != 1 or model.project is None or not isinstance(function, cst.FunctionDef):
         return None
-    if scope.parent is not model.module_scope:
+    name = function.name.value
+    params = [p.name.value for p in (*function.params.posonly_params, *function.params.params)]
+    owner = scope.parent
+    if owner is not None and isinstance(owner.node, cst.ClassDef) and owner.parent is model.module_scope:
+        name, params = f"{owner.node.name.value}.{name}", params[1:]  # (``self`` is the instance)
+    elif owner is not model.module_scope:
         return None
     (key,) = keys
     binding = model.lookup(key, scope)
     if binding is None or binding.kind != "param":
         return None
-    params = [p.name.value for p in (*function.params.posonly_params, *function.params.params)]
-    for path, call in model.project.callers(model.project.path, function.name.value):
+    for path, call in model.project.callers(model.project.path, name):
         passed = call["keywords"].get(key)
         if passed is None and key in params and params.index(key) < len(call["args"]):
             passed = call["args"][params.index(key)]

@@ -22,9 +22,18 @@ from trainlint.model import (
     attr_name,
     dotted,
     keyword,
+    positional,
     receiver,
 )
-from trainlint.model.crossfile import checkpoint_wrapper, class_randomness, constructed_class
+from trainlint.model.crossfile import (
+    Elsewhere,
+    Fact,
+    checkpoint_wrapper,
+    class_randomness,
+    constructed_class,
+    imported_fact,
+    related_elsewhere,
+)
 from trainlint.model.targets import Target, called_functions, resolve_callable
 from trainlint.model.vocab import CHECKPOINT_FUNCTIONS, DROPOUT_MODULES
 from trainlint.rules.checkpoint._shared import (
@@ -47,9 +56,10 @@ class CheckpointRngNotPreserved(Rule):
     requires = (
         ("False",),
         ("rand", "bernoulli", "multinomial", "normal", "poisson", "ropout"),
-        ("utils",),
+        ("utils", "_checkpoint"),
         ("torch",),
-        tuple(a + "utils" for a in ".\t\n\r\f (,"),
+        # torch.utils.checkpoint, or torch.distributed.algorithms._checkpoint's checkpoint_wrapper
+        (*(a + "utils" for a in ".\t\n\r\f (,"), "._checkpoint"),
     )
     # A wrapper of another file holds the `False` (a parameter default) and the checkpoint call, maybe
     # the dropout too; what is left here is a call of the wrapper, whose name says "checkpoint" (not
@@ -58,6 +68,8 @@ class CheckpointRngNotPreserved(Rule):
 
     @classmethod
     def wants_fact(cls, kind: str, facts: dict[str, Any]) -> bool:
+        if kind == "class":  # a block with dropout that torch's checkpoint_wrapper may wrap here
+            return any("ropout" in made[0] for made in facts["submodules"].values())
         return kind == "function" and any("preserve_rng_state" in c["keywords"] for c in facts["calls"])
 
     doc = RuleDoc(
@@ -67,7 +79,11 @@ class CheckpointRngNotPreserved(Rule):
             "`torch.multinomial`, `torch.normal`, `random.*`, `numpy.random.*`; a dropout may also sit "
             "in an `nn.Sequential`/`nn.ModuleList` attribute (given directly or as a list spread into "
             "it) that the function calls or hands to a helper. Also reported at the call of another "
-            "file's wrapper whose `preserve_rng_state` parameter defaults to False."
+            "file's wrapper whose `preserve_rng_state` parameter defaults to False, and at torch's "
+            "`checkpoint_wrapper(module, preserve_rng_state=False)` (its keywords reach the checkpoint) "
+            "when the module's class has a dropout, or, for a module of unknown class such as a loop "
+            "over the model's own blocks, when a block class of another project file that the file "
+            "imports has one (also `nn.Dropout(p) if p > 0 else nn.Identity()`)."
         ),
         why=(
             "Recomputation during backward draws new random numbers unless the RNG state is restored. "
@@ -262,6 +278,7 @@ class CheckpointRngNotPreserved(Rule):
     def check(self, model: FileModel) -> Iterator[Diagnostic]:
         yield from self._in_this_file(model)
         yield from self._off_when_dropout(model)
+        yield from self._wrapped_modules(model)
         if model.project is not None:
             yield from self._through_wrappers(model)
 
@@ -313,6 +330,31 @@ class CheckpointRngNotPreserved(Rule):
                 elsewhere=(where.related(None),),
             )
 
+    def _wrapped_modules(self, model: FileModel) -> Iterator[Diagnostic]:
+        """torch's ``checkpoint_wrapper(module, preserve_rng_state=False)`` (its keywords go to the
+        checkpoint) on a module with dropout: its class's, or one of the blocks this file imports when
+        the module is one of the model's own (``for block in self.blocks.values()``)."""
+        for site in model.calls_to(*CHECKPOINT_WRAPPERS):
+            call = site.node
+            assert isinstance(call, cst.Call)
+            arg, args = keyword(call, "preserve_rng_state"), positional(call)
+            if arg is None or not args or constant_value(model, arg.value, site) is not False:
+                continue
+            found = _module_randomness(model, args[0], site)
+            if found is None:
+                continue
+            what, where = found
+            flag = arg.value
+            values = model.values_of(flag, site.scope) if isinstance(flag, cst.Name) else []
+            yield Diagnostic(
+                call,
+                f"preserve_rng_state=False, but the wrapped module draws random numbers ({what}): "
+                "recomputation uses different ones, so the gradients do not match the forward pass; "
+                "drop the argument.",
+                related=((values[0] if len(values) == 1 else arg, "RNG state not preserved here"),),
+                elsewhere=related_elsewhere(where),
+            )
+
     def _in_this_file(self, model: FileModel) -> Iterator[Diagnostic]:
         for site, call, target in checkpoint_sites(model):
             arg = keyword(call, "preserve_rng_state")
@@ -357,6 +399,45 @@ RANDOM_FUNCTIONS = frozenset(
 
 
 RANDOM_PREFIXES = ("random.", "numpy.random.")
+
+
+# torch's wrapper for a module's forward: keywords other than its own go to torch's checkpoint
+CHECKPOINT_WRAPPERS = frozenset(
+    {
+        "torch.distributed.algorithms._checkpoint.checkpoint_wrapper.checkpoint_wrapper",
+        "torch.distributed.algorithms._checkpoint.checkpoint_wrapper.CheckpointWrapper",
+    }
+)
+
+
+def _module_randomness(
+    model: FileModel, passed: cst.BaseExpression, site: Site
+) -> tuple[str, Elsewhere | None] | None:
+    """What draws random numbers in a wrapped module: the body it resolves to, the class it is an
+    instance of; for a module of unknown class (a loop over the model's blocks), a dropout in a class
+    of another project file that this file imports."""
+    target = resolve_callable(model, passed, site.scope)
+    if target is not None:
+        bodies = [target, *(t for _, t in called_functions(model, target))]
+        source = next((s for s in (_randomness(model, b) for b in bodies) if s), None)
+        return (f"`{source}`", None) if source is not None else None
+    fact = constructed_class(model, passed, site.scope)
+    facts = [fact] if fact is not None else _imported_classes(model)
+    for candidate in facts:
+        drawn = class_randomness(model, candidate)
+        if drawn is not None:
+            return f"the dropout of `{candidate.name}`, {drawn.path} line {drawn.line}", drawn
+    return None
+
+
+def _imported_classes(model: FileModel) -> Iterator[Fact]:
+    """The classes of other project files that the module imports by name."""
+    scope = model.module_scope
+    for name, bindings in scope.bindings.items():
+        if any(b.kind == "import" for b in bindings):
+            fact = imported_fact(model, cst.Name(name), scope)
+            if fact is not None and fact.kind == "class":
+                yield fact
 
 
 def _dropout_is_zero(expr: cst.BaseExpression, negated: bool = False) -> cst.BaseExpression | None:

@@ -3,12 +3,12 @@ wrapper's result is bound to, and what it wrapped."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
 
-from trainlint.model import FileModel, Scope, Site, dotted, first_arg, int_value, keyword
+from trainlint.model import FileModel, Frame, Scope, Site, dotted, exclusive, first_arg, int_value, keyword
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,11 @@ def _assigned_targets(site: Site) -> list[cst.BaseExpression]:
         if isinstance(small, cst.AnnAssign) and small.value is site.node:
             return [small.target]
     return []
+
+
+def assigned_names(site: Site) -> list[str]:
+    """The dotted names a call's value is assigned to directly."""
+    return [n for n in (dotted(t) for t in _assigned_targets(site)) if n]
 
 
 def wraps(model: FileModel, classes: frozenset[str]) -> list[Wrap]:
@@ -102,3 +107,40 @@ def keyword_is(call: cst.CSTNode, name: str, *values: str) -> bool:
         return False
     arg = keyword(call, name)
     return arg is not None and (dotted(arg.value) or "").rsplit(".", 1)[-1] in values
+
+
+def _branch_body(frame: Frame) -> Sequence[cst.BaseStatement] | None:
+    """The statements of the ``if`` branch a frame names (``elif`` is a nested ``if``: not followed)."""
+    node = frame.node
+    if not isinstance(node, cst.If):
+        return None
+    block = node.body if frame.branch == "body" else node.orelse
+    if isinstance(block, cst.Else):
+        block = block.body
+    return block.body if isinstance(block, cst.IndentedBlock) else None
+
+
+def _leaves(statements: Sequence[cst.BaseStatement] | None) -> bool:
+    """The block ends by leaving the function or the loop (``return``, ``raise``, ``continue``)."""
+    if not statements or not isinstance(statements[-1], cst.SimpleStatementLine):
+        return False
+    return isinstance(statements[-1].body[-1], cst.Return | cst.Raise | cst.Continue | cst.Break)
+
+
+def on_other_path(model: FileModel, site: Site, calls: Callable[[cst.Call], bool]) -> bool:
+    """``site`` never runs after a call its function makes that ``calls`` accepts: the two sit in
+    different branches of one ``if``, or the call sits in an ``if`` branch that ends by leaving
+    (``if fsdp: return model.clip_grad_norm_(...)``), which ``site`` follows from outside."""
+    own = {(id(f.node), f.branch) for f in site.frames}
+    for other in model.calls_in(site.scope):
+        node = other.node
+        if other is site or not isinstance(node, cst.Call) or not calls(node):
+            continue
+        if exclusive(other.frames, site.frames):
+            return True
+        if other.order < site.order and any(
+            f.kind == "if" and (id(f.node), f.branch) not in own and _leaves(_branch_body(f))
+            for f in other.frames
+        ):
+            return True
+    return False

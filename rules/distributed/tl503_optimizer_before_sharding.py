@@ -8,9 +8,9 @@ import libcst as cst
 
 from trainlint.api import Diagnostic, Invalid, Rule, RuleDoc, Severity
 from trainlint.model import FileModel, Site, attr_name, dotted, exclusive, positional
-from trainlint.model.training import mentions_parameters_of
+from trainlint.model.training import OPTIMIZER_NAME, mentions_parameters_of
 from trainlint.model.vocab import FSDP_CLASSES, FULLY_SHARD
-from trainlint.rules.distributed._sharding import keyword_is, sharded_in_place, wraps
+from trainlint.rules.distributed._sharding import assigned_names, keyword_is, sharded_in_place, wraps
 
 
 class OptimizerBeforeSharding(Rule):
@@ -21,16 +21,20 @@ class OptimizerBeforeSharding(Rule):
     SHARD = "shard"
     summary = "An optimizer is built over a model's parameters before the model is sharded (FSDP)."
     # A finding needs an FSDP wrap (`FullyShardedDataParallel`, `fully_shard`) or an accelerate
-    # `prepare` in an FSDP file, and an optimizer over `.parameters()` (or `named_parameters()`).
+    # `prepare` in an FSDP file, and an optimizer over `.parameters()` (or `named_parameters()`), or one
+    # bound to an optimizer's name that a model method or factory builds (`opt`, `optimizer`...).
     tokens = ("FullyShardedDataParallel", "fully_shard", "prepare")
-    requires = (("FullyShardedDataParallel", "fully_shard", "FSDP", "fsdp"), ("parameters",))
+    requires = (("FullyShardedDataParallel", "fully_shard", "FSDP", "fsdp"), ("parameters", "opt"))
     doc = RuleDoc(
         what=(
             "Reports an optimizer (a `torch.optim` class and the other known optimizer packages) built "
             "over `model.parameters()` before, in the same function, `FullyShardedDataParallel(model)` "
             "or `fully_shard(model)` shards that model; and in a file that mentions FSDP, an optimizer "
             "built before `accelerator.prepare(model)` when the optimizer is not passed to that same "
-            "`prepare` call. An optimizer over a parameter list built earlier (`decay = [p for n, p in "
+            "`prepare` call. An optimizer that the model builds (`optimizer = "
+            "model.configure_optimizers(...)`) or a factory is given the model for (`opt = "
+            "build_optimizer(model, cfg)`) counts as one over its parameters when its result is bound to "
+            "an optimizer's name. An optimizer over a parameter list built earlier (`decay = [p for n, p in "
             "model.named_parameters() ...]`) is not traced and not reported, nor one before "
             "`FullyShardedDataParallel(model, use_orig_params=True)`, which keeps the module's own "
             "parameter objects (their data becomes a view of the shard), so the optimizer built before "
@@ -73,6 +77,8 @@ class OptimizerBeforeSharding(Rule):
         "opt = torch.optim.AdamW(model.parameters(), lr=1e-3)",
         # the optimizer over another module's parameters
         _HEAD + "opt_d = torch.optim.Adam(disc.parameters())\ngen = FSDP(gen)",
+        # the model's own optimizer method called on the sharded model
+        _HEAD + "model = FSDP(model)\noptimizer = model.configure_optimizers(0.1, 6e-4)",
         # accelerate: model and optimizer prepared together
         """
         import torch
@@ -155,6 +161,11 @@ class OptimizerBeforeSharding(Rule):
             "model = FSDP(model, limit_all_gathers=True)",
             line=5,
         ),
+        Invalid(
+            _HEAD + "model = GPT(cfg).to(device)\noptimizer = model.configure_optimizers(0.1, 6e-4)\n"
+            "if use_fsdp:\n    model = FSDP(model, device_id=rank)",
+            line=4,
+        ),
     )
 
     def check(self, model: FileModel) -> Iterator[Diagnostic]:
@@ -168,16 +179,16 @@ class OptimizerBeforeSharding(Rule):
         shards.extend(sharded_in_place(model, FULLY_SHARD))
         if "fsdp" in model.source.lower():
             shards.extend(_prepared_alone(model))
-        optimizers = model.training.of_kind("optimizer")
+        optimizers = [e.site for e in model.training.of_kind("optimizer")]
+        optimizers.extend(_optimizers_from_models(model))
         reported: set[int] = set()
         for shard, inner in sorted(shards, key=lambda s: s[0].order):
-            for event in optimizers:
-                site = event.site
+            for site in optimizers:
                 if (
                     id(site.node) in reported
                     or site.scope is not shard.scope
                     or site.order > shard.order
-                    or not mentions_parameters_of(site.node, inner)
+                    or not (mentions_parameters_of(site.node, inner) or inner in _models_of(site))
                     or _prepared_with(shard, site)
                     or exclusive(site.frames, shard.frames)
                 ):
@@ -218,3 +229,25 @@ def _prepared_with(shard: Site, optimizer: Site) -> bool:
             if isinstance(small, cst.Assign) and small.value is optimizer.node:
                 names.update(n for n in (dotted(t.target) for t in small.targets) if n)
     return any(dotted(arg) in names for arg in positional(call))
+
+
+def _models_of(site: Site) -> set[str]:
+    """For an optimizer a model builds (``model.configure_optimizers(...)``) or a factory is given
+    (``build_optimizer(model, cfg)``, ``self.make_optimizer(self.model)``), the names it may be built
+    over: the receiver and the first argument."""
+    call = site.node
+    assert isinstance(call, cst.Call)
+    args = positional(call)
+    names = {dotted(call.func.value) if isinstance(call.func, cst.Attribute) else None}
+    names.add(dotted(args[0]) if args else None)
+    return {n for n in names if n}
+
+
+def _optimizers_from_models(model: FileModel) -> Iterator[Site]:
+    """Calls whose result is bound to an optimizer's name (``optimizer``, ``self.opt``) and that are
+    given a model to build it over: the construction is in a method or a factory out of sight."""
+    for site in model.calls:
+        if _models_of(site) and any(
+            OPTIMIZER_NAME.match(name.rsplit(".", 1)[-1]) for name in assigned_names(site)
+        ):
+            yield site

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import libcst as cst
@@ -30,15 +31,19 @@ class DeepspeedDoubleScaling(Rule):
     probe = True
     DIVISION = "division"
     summary = "The loss is divided by the accumulation steps before a DeepSpeed engine's backward, which divides again."
-    # A finding needs `deepspeed.initialize` (the engine) and the engine's `.backward(` call.
-    tokens = ("initialize",)
-    requires = (("deepspeed",), method_call_pattern("backward"))
+    # A finding needs DeepSpeed (`deepspeed.initialize`, or a switch such as `args.deepspeed` that
+    # selects the engine's backward) and the engine's `.backward(` call.
+    tokens = ("deepspeed",)
+    requires = (method_call_pattern("backward"),)
     doc = RuleDoc(
         what=(
             "Reports `engine.backward(loss)` of an engine returned by `deepspeed.initialize` when the "
             "loss was divided by a gradient-accumulation count first (`loss / gradient_accumulation_steps`"
-            ", `loss /= args.grad_accum`, or `engine.backward(loss / accum)`), unless the call passes "
-            "`scale_wrt_gas=`. `--verify` runs the loop for one accumulation window through a real "
+            ", `loss /= args.grad_accum`, `loss / get_num_microbatches()`, or "
+            "`engine.backward(loss / accum)`), unless the call passes `scale_wrt_gas=`. The engine is "
+            "also recognised as the receiver of `.backward(loss)` in the branch a DeepSpeed switch "
+            "selects (`if args.deepspeed:`), and the division may sit in another function of the file "
+            "whose result the caller passes on (Megatron's `forward_step` and `backward_step`). `--verify` runs the loop for one accumulation window through a real "
             "DeepSpeed engine (ZeRO stage 0 on the CPU accelerator, over the probe's two-process gloo "
             "group, configured with the division's accumulation count) and compares the gradient with "
             "the one the engine's own scaling gives; without DeepSpeed installed (it is not a "
@@ -84,6 +89,11 @@ class DeepspeedDoubleScaling(Rule):
         "import torch\nfor b in loader:\n    loss = model(b) / gradient_accumulation_steps\n    loss.backward()",
         # divided by something other than an accumulation count
         _HEAD + "for b in loader:\n    loss = engine(b).sum() / num_tokens\n    engine.backward(loss)",
+        # the division is the plain backward's only
+        "import torch\nfor b in loader:\n    loss = model(b)\n"
+        "    if args.gradient_accumulation_steps > 1 and not args.deepspeed:\n"
+        "        loss = loss / args.gradient_accumulation_steps\n"
+        "    if args.deepspeed:\n        model.backward(loss)\n    else:\n        loss.backward()",
         # a variable that is not the DeepSpeed engine
         "import deepspeed\nfor b in loader:\n    loss = model(b) / grad_accum\n    accelerator.backward(loss)",
     )
@@ -136,21 +146,45 @@ class DeepspeedDoubleScaling(Rule):
             "    engine.backward(loss)",
             line=5,
         ),
+        # Megatron-DeepSpeed: forward_step divides, backward_step runs the engine's backward
+        Invalid(
+            """
+            def forward_step(model, batch):
+                loss = model(batch)
+                return loss / get_num_microbatches()
+
+            def backward_step(loss, model):
+                if args.deepspeed:
+                    model.backward(loss)
+                else:
+                    loss.backward()
+
+            def train_step(model, batches):
+                for batch in batches:
+                    loss = forward_step(model, batch)
+                    backward_step(loss, model)
+            """,
+            line=7,
+        ),
     )
 
     def check(self, model: FileModel) -> Iterator[Diagnostic]:
         engines = deepspeed_engines(model, DEEPSPEED_INITIALIZE)
-        if not engines:
-            return
         for site in model.calls:
             call = site.node
             assert isinstance(call, cst.Call)
-            if attr_name(call) != "backward" or dotted(receiver(call)) not in engines:
+            if attr_name(call) != "backward":
+                continue
+            if dotted(receiver(call)) not in engines and not _engine_under_guard(model, site):
                 continue
             loss = first_arg(call, "loss")
             if loss is None or keyword(call, "scale_wrt_gas") is not None:
                 continue
-            division = _accumulation_division(loss) or _divided_before(model, site, loss)
+            division = (
+                _accumulation_division(loss)
+                or _divided_before(model, site, loss)
+                or _divided_by_the_caller(model, site, loss)
+            )
             if division is None:
                 continue
             yield Diagnostic(
@@ -172,7 +206,78 @@ def _counts_steps(expr: cst.BaseExpression) -> bool:
         if isinstance(index, cst.Index) and isinstance(index.value, cst.SimpleString):
             return is_step_count_name(index.value.value.strip("'\""))
     name = dotted(expr)
-    return name is not None and is_step_count_name(name.rsplit(".", 1)[-1])
+    last = (name or "").rsplit(".", 1)[-1]
+    # Megatron's ``get_num_microbatches()``: the micro-batches of one step are the accumulation steps
+    return name is not None and (is_step_count_name(last) or _MICRO_BATCH_COUNT.fullmatch(last) is not None)
+
+
+_MICRO_BATCH_COUNT = re.compile(r"(get_)?(num|n)_?micro_?batch(es)?", re.IGNORECASE)
+
+
+def _engine_under_guard(model: FileModel, site: Site) -> bool:
+    """``model.backward(loss)`` in the branch a DeepSpeed switch selects (``if args.deepspeed:``, the
+    ``else`` of ``if not self.use_deepspeed:``): the engine arrives as a parameter or attribute."""
+    recv = receiver(site.node) if isinstance(site.node, cst.Call) else None
+    key = dotted(recv)
+    if key is None or (model.qualname(recv, site.scope) or "").startswith("torch."):
+        return False
+    for frame in site.frames:
+        if frame.kind != "if" or not isinstance(frame.node, cst.If):
+            continue
+        test, branch = frame.node.test, "body"
+        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            test, branch = test.expression, "orelse"
+        if frame.branch == branch and "deepspeed" in (dotted(test) or "").rsplit(".", 1)[-1].lower():
+            return True
+    return False
+
+
+def _divided_by_the_caller(model: FileModel, site: Site, loss: cst.BaseExpression) -> cst.CSTNode | None:
+    """The loss is a parameter of the file's own function (a pipeline's ``backward_step``) whose
+    caller passes what another of its functions (``forward_step``) returned divided by the steps."""
+    function = site.scope.node
+    if not isinstance(loss, cst.Name) or not isinstance(function, cst.FunctionDef):
+        return None
+    params = [p.name.value for p in (*function.params.posonly_params, *function.params.params)]
+    if loss.value not in params:
+        return None  # (the parameter may be rebound on another branch: Megatron scales it for apex)
+    index = params.index(loss.value)
+    for caller in model.calls:
+        if model.local_callee(caller, methods=False) is not function:
+            continue
+        call = caller.node
+        assert isinstance(call, cst.Call)
+        passed = keyword(call, loss.value)
+        given = [a for a in call.args if a.keyword is None and a.star == ""]
+        value = (
+            passed.value if passed is not None else given[index].value if 0 <= index < len(given) else None
+        )
+        for made in model.values_of(value, caller.scope) if value is not None else ():
+            producer = (
+                model.local_function(made, caller.scope, methods=False)
+                if isinstance(made, cst.Call)
+                else None
+            )
+            found = _returns_division(model, producer) if producer is not None else None
+            if found is not None:
+                return found
+    return None
+
+
+def _returns_division(model: FileModel, function: cst.FunctionDef) -> cst.CSTNode | None:
+    """Where ``function`` returns a value divided by an accumulation count (directly or by a name)."""
+    scope = model.scope_for(function)
+    for node in walk_scope(function.body) if scope is not None else ():
+        if isinstance(node, cst.Return) and node.value is not None:
+            values = (
+                [node.value, *model.values_of(node.value, scope)]
+                if isinstance(node.value, cst.Name)
+                else [node.value]
+            )
+            found = next((d for d in map(_accumulation_division, values) if d is not None), None)
+            if found is not None:
+                return found
+    return None
 
 
 def _accumulation_division(expr: cst.BaseExpression) -> cst.CSTNode | None:
@@ -189,8 +294,10 @@ def _divided_before(model: FileModel, backward: Site, loss: cst.BaseExpression) 
     if name is None:
         return None
     line = model.position(backward.node).start.line
+    skipped = _without_deepspeed(model, backward.scope)
     for node in _statements(backward.scope):
-        if model.position(node).start.line >= line:
+        at = model.position(node).start.line
+        if at >= line or any(start <= at <= end for start, end in skipped):
             continue
         if isinstance(node, cst.AugAssign) and isinstance(node.operator, cst.DivideAssign):
             if dotted(node.target) == name and _counts_steps(node.value):
@@ -200,6 +307,29 @@ def _divided_before(model: FileModel, backward: Site, loss: cst.BaseExpression) 
             if found is not None:
                 return found
     return None
+
+
+def _without_deepspeed(model: FileModel, scope: Scope) -> list[tuple[int, int]]:
+    """The lines of ``if ... not args.deepspeed:`` bodies: a division there is the plain backward's."""
+    out = []
+    for node in walk_scope(scope.node):
+        if isinstance(node, cst.If) and any(
+            isinstance(test, cst.UnaryOperation)
+            and isinstance(test.operator, cst.Not)
+            and "deepspeed" in (dotted(test.expression) or "").lower()
+            for test in _walk_expr(node.test)
+        ):
+            span = model.position(node.body)
+            out.append((span.start.line, span.end.line))
+    return out
+
+
+def _walk_expr(expr: cst.BaseExpression) -> Iterator[cst.BaseExpression]:
+    """An ``if`` test and the operands of its ``and``/``or``."""
+    yield expr
+    if isinstance(expr, cst.BooleanOperation):
+        yield from _walk_expr(expr.left)
+        yield from _walk_expr(expr.right)
 
 
 def _statements(scope: Scope) -> Iterator[cst.CSTNode]:

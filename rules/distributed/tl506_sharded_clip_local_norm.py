@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+
+import libcst as cst
 
 from trainlint.api import Diagnostic, Invalid, Rule, RuleDoc, Severity
-from trainlint.model import FileModel, first_arg
+from trainlint.model import FileModel, dotted, first_arg
 from trainlint.model.training import mentions_parameters_of
 from trainlint.model.vocab import FSDP_CLASSES
-from trainlint.rules.distributed._sharding import keyword_is, same_owner, wraps
+from trainlint.rules.distributed._sharding import keyword_is, on_other_path, same_owner, wraps
 
 # The clipping functions that compute a norm over the parameters they are given (clip_grad_value_
 # clips each element by itself, which is correct on a shard).
@@ -33,7 +35,10 @@ class ShardedClipLocalNorm(Rule):
             "to `FullyShardedDataParallel(...)` in the file. `model.clip_grad_norm_(...)` (FSDP's own "
             "method), FSDP2's `fully_shard` (its DTensor parameters make the torch function compute "
             "the global norm), `sharding_strategy=ShardingStrategy.NO_SHARD` (every rank holds the whole "
-            "parameters) and `clip_grad_value_` are not reported. The tensor-parallel and "
+            "parameters) and `clip_grad_value_` are not reported, nor a torch clip on the other path "
+            "of a branch that calls FSDP's method (`if self.fsdp: return "
+            "self.model.clip_grad_norm_(1.0)` before it, or the `else:` of such an `if`). The "
+            "tensor-parallel and "
             "pipeline-stage forms of the mistake (a local norm clipped without a reduction over the "
             "group) are not detected."
         ),
@@ -80,6 +85,9 @@ class ShardedClipLocalNorm(Rule):
         + "def train(model):\n    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)",
         # accelerate's clip_grad_norm_ dispatches to FSDP's method
         _HEAD + "accelerator.clip_grad_norm_(model.parameters(), 1.0)",
+        # the FSDP case returns through FSDP's method: the torch function clips the plain model
+        _HEAD + "def clip(use_fsdp):\n    if use_fsdp:\n        return model.clip_grad_norm_(1.0)\n"
+        "    return torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)",
     )
     invalid = (
         Invalid(_HEAD + "loss.backward()\ntorch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)", line=5),
@@ -139,7 +147,11 @@ class ShardedClipLocalNorm(Rule):
             if params is None:
                 continue
             for wrap in wrapped:
-                if same_owner(event.site.scope, wrap) and mentions_parameters_of(params, wrap.outer):
+                if (
+                    same_owner(event.site.scope, wrap)
+                    and mentions_parameters_of(params, wrap.outer)
+                    and not on_other_path(model, event.site, _own_clip_of(wrap.outer))
+                ):
                     yield Diagnostic(
                         event.call,
                         f"`{wrap.outer}` is wrapped in FSDP: this clips each rank's shard by its own "
@@ -147,3 +159,11 @@ class ShardedClipLocalNorm(Rule):
                         related=((wrap.site.node, "wrapped in FSDP here", ShardedClipLocalNorm.WRAP),),
                     )
                     break
+
+
+def _own_clip_of(outer: str) -> Callable[[cst.Call], bool]:
+    """Accepts ``<outer>.clip_grad_norm_(...)``: FSDP's own method, whose branch is the FSDP path, so
+    a torch clip on the other path runs on the plain model (``if self.fsdp: return
+    self.policy.clip_grad_norm_(...)`` then ``torch.nn.utils.clip_grad_norm_(...)``)."""
+    names = {f"{outer}.{clip}" for clip in NORM_CLIPS}
+    return lambda call: isinstance(call, cst.Call) and dotted(call.func) in names

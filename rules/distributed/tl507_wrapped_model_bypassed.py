@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import libcst as cst
 
 from trainlint.api import Diagnostic, Invalid, Rule, RuleDoc, Severity
-from trainlint.model import FileModel, Site, dotted, grad_disabled, innermost_loop
+from trainlint.model import FileModel, Scope, Site, dotted, grad_disabled, innermost_loop
 from trainlint.model.vocab import DDP_CLASSES
 from trainlint.rules.distributed._sharding import Wrap, same_owner, wraps
 
@@ -28,7 +28,11 @@ class WrappedModelBypassed(Rule):
             "Reports a call of the module that was passed to `DistributedDataParallel` under another "
             "name (`ddp_model = DDP(model)`, then `model(x)`) inside a loop of a function that also runs "
             "a backward, after the wrap and outside `torch.no_grad()`, when the wrapped name is not "
-            "called in that loop. `model = DDP(model)` (one name) is never reported."
+            "called in that loop. `model = DDP(model)` (one name) is never reported. The same for the "
+            "module inside the wrapper, reached through its `.module` attribute: `model.module(x)`, or a "
+            "name assigned from it (`raw = model.module if isinstance(model, DDP) else model`, "
+            '`getattr(model, "module", model)`), also when the wrap binds a global of the script that '
+            "the training function reads."
         ),
         why=(
             "DDP all-reduces gradients through hooks that only its own `forward` arms. Calling the "
@@ -76,6 +80,9 @@ class WrappedModelBypassed(Rule):
         # both called in the loop (e.g. a frozen reference pass next to the trained one)
         _HEAD + "ddp_model = DDP(model)\nfor x, y in loader:\n    ref = model(x)\n"
         "    (ddp_model(x) - ref.detach()).sum().backward()",
+        # the inner module for generation without grad
+        _HEAD + "model = DDP(net)\nraw = getattr(model, 'module', model)\nfor x in loader:\n"
+        "    with torch.no_grad():\n        samples = raw(x)\n    model(samples).sum().backward()",
     )
     invalid = (
         Invalid(
@@ -131,30 +138,45 @@ class WrappedModelBypassed(Rule):
             "        pred = model(x)\n        pred.sum().backward()",
             line=6,
         ),
+        Invalid(
+            _HEAD + "def train(loader):\n    raw = model.module if isinstance(model, DDP) else model\n"
+            "    for x in loader:\n        raw(x).sum().backward()\n"
+            "if __name__ == '__main__':\n    model = DDP(net)\n    train(loader)",
+            line=6,
+        ),
     )
 
     def check(self, model: FileModel) -> Iterator[Diagnostic]:
-        found = [w for w in wraps(model, DDP_CLASSES) if w.inner and w.inner != w.outer]
-        if not found:
+        every = wraps(model, DDP_CLASSES)
+        found = [w for w in every if w.inner and w.inner != w.outer]
+        if not every:
             return
         for site in model.calls:
             call = site.node
             assert isinstance(call, cst.Call)
             name = dotted(call.func)
-            for wrap in found:
-                if name == wrap.inner and self._bypasses(model, site, wrap):
-                    yield Diagnostic(
-                        call,
-                        f"`{name}` is the module wrapped by DistributedDataParallel as `{wrap.outer}`: "
-                        "calling it directly skips DDP's gradient all-reduce, so the ranks drift apart; "
-                        f"call `{wrap.outer}(...)` in training.",
-                        related=((wrap.site.node, "wrapped here", WrappedModelBypassed.WRAP),),
-                    )
-                    break
+            if name is None:
+                continue
+            for wrap in every:
+                if wrap in found and name == wrap.inner and self._bypasses(model, site, wrap):
+                    what = "the module wrapped by DistributedDataParallel"
+                elif _unwraps(model, name, site.scope, wrap.outer) and self._bypasses(
+                    model, site, wrap, globals_too=True
+                ):
+                    what = "the module inside DistributedDataParallel (its `.module`)"
+                else:
+                    continue
+                yield Diagnostic(
+                    call,
+                    f"`{name}` is {what} as `{wrap.outer}`: calling it directly skips DDP's gradient "
+                    f"all-reduce, so the ranks drift apart; call `{wrap.outer}(...)` in training.",
+                    related=((wrap.site.node, "wrapped here", WrappedModelBypassed.WRAP),),
+                )
+                break
 
     @staticmethod
-    def _bypasses(model: FileModel, site: Site, wrap: Wrap) -> bool:
-        if not same_owner(site.scope, wrap):
+    def _bypasses(model: FileModel, site: Site, wrap: Wrap, *, globals_too: bool = False) -> bool:
+        if not (same_owner(site.scope, wrap) or (globals_too and _global_wrap(model, site.scope, wrap))):
             return False
         if site.scope is wrap.site.scope and site.order < wrap.site.order:
             return False
@@ -169,3 +191,39 @@ class WrappedModelBypassed(Rule):
             if dotted(node.func) == wrap.outer and any(f.node is loop.node for f in other.frames):
                 return False
         return True
+
+
+def _global_wrap(model: FileModel, scope: Scope, wrap: Wrap) -> bool:
+    """The wrap binds a module-level name that ``scope`` reads as that global (a training function of a
+    script whose ``__main__`` block wraps the model)."""
+    if wrap.site.scope is not model.module_scope or "." in wrap.outer:
+        return False
+    binding = model.lookup(wrap.outer, scope)
+    return binding is not None and binding in model.module_scope.bindings.get(wrap.outer, ())
+
+
+def _module_of(expr: cst.BaseExpression, outer: str) -> bool:
+    """``expr`` is DDP's inner module of ``outer``: ``outer.module``, either branch of ``outer.module
+    if isinstance(outer, DDP) else outer``, or ``getattr(outer, "module", outer)``."""
+    if isinstance(expr, cst.IfExp):
+        return _module_of(expr.body, outer) or _module_of(expr.orelse, outer)
+    if isinstance(expr, cst.Call) and dotted(expr.func) == "getattr" and len(expr.args) >= 2:
+        attr = expr.args[1].value
+        return (
+            dotted(expr.args[0].value) == outer
+            and isinstance(attr, cst.SimpleString)
+            and attr.evaluated_value == "module"
+        )
+    return dotted(expr) == f"{outer}.module"
+
+
+def _unwraps(model: FileModel, name: str, scope: Scope, outer: str) -> bool:
+    """The called ``name`` is DDP's inner module of ``outer``: ``outer.module(x)`` itself, or a name
+    (or ``self.`` attribute) assigned from it (``actor = model.module if ... else model``)."""
+    if name == f"{outer}.module":
+        return True
+    head, _, attr = name.partition(".")
+    if attr and (head != "self" or "." in attr):
+        return False
+    expr = cst.Attribute(cst.Name(head), cst.Name(attr)) if attr else cst.Name(head)
+    return any(_module_of(value, outer) for value in model.values_of(expr, scope))

@@ -4,13 +4,10 @@ each with a correct look-alike that must stay silent."""
 
 from __future__ import annotations
 
-import json
-import textwrap
 from pathlib import Path
 
 import pytest
-
-from trainlint.cli import run
+from conftest import lint_project
 
 MASKED_MEAN_HELPER = """
     import torch.nn.functional as F
@@ -60,17 +57,7 @@ BASE_TRAINER = """
     """
 
 
-def lint(root: Path, files: dict[str, str], target: str, monkeypatch, capsys) -> list[dict]:
-    """Writes a project (a pyproject.toml and ``files``) and lints only ``target`` in it."""
-    (root / "pyproject.toml").write_text("")
-    for name, text in files.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text).lstrip())
-    monkeypatch.chdir(root)
-    capsys.readouterr()
-    assert run(["--no-cache", "--format", "json", target]) in (0, 1)
-    return json.loads(capsys.readouterr().out)["findings"]
+lint = lint_project
 
 
 def where(findings: list[dict], rule: str) -> list[tuple[str, int, set[tuple[str, int]]]]:

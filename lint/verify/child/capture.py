@@ -3,6 +3,8 @@ and the optimizer steps of a loop run. Programs feed it through ``__tl__`` calls
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 # Reset by ``sandbox.exec_program`` before each program; mutated in place, never rebound, so that
@@ -236,3 +238,108 @@ def module_grads(ns: dict, unwrap=None) -> dict:
     modules = ns.get("__tl_modules__", [])
     params = named_parameters({f"m{i}": unwrap(m) if unwrap else m for i, m in enumerate(modules)})
     return {f"grad of {n.split('.', 1)[1]}": detached(p.grad) for n, p in params.items()}
+
+
+# --------------------------------------------------------------------------------------------------
+# the harness's own objects, as the user's code knows them
+
+_PROGRAM_FILE = "<trainlint-probe-"  # the file name ``sandbox.exec_program`` gives a probe program
+_UNNAMED = "a stand-in the probe built (it has only what the probe uses)"
+
+
+def in_user_terms(exc: BaseException, text: str) -> str:
+    """``text`` (an exception of the user's code, described) with any stand-in the harness built named
+    as the user's thing it stood for (a name that cannot be imported, a setting, ``accelerator``),
+    never as a class of the child (``trainlint_verify_child.standins.Missing is not a Module
+    subclass``, ``'Backward' object has no attribute ...``): the detail leads with that thing."""
+    package = __package__ or __name__.rpartition(".")[0]
+    if package not in text and not _harness_type_named(exc, text, package):
+        return text
+    try:
+        obj = _harness_object(exc, text, package)
+        said = _said(obj, exc) if obj is not None else _UNNAMED
+    except Exception:  # a local whose class misbehaves: say the stand-in without naming it
+        obj, said = None, _UNNAMED
+    plain = re.sub(rf"<class '{re.escape(package)}[\w.]*'>|{re.escape(package)}[\w.]*", "the stand-in", text)
+    if obj is not None:
+        plain = plain.replace(f"'{type(obj).__name__}' object", "the stand-in")
+    if "is not a Module subclass" in text:
+        return f"{said} was used as a module: {plain}"
+    if isinstance(exc, AttributeError) and getattr(exc, "name", None):
+        return f"{said} was asked for `{exc.name}`, which the stand-in does not have: {plain}"
+    return f"{said} did not fit how the code uses it: {plain}"
+
+
+def _is_harness(value, package: str) -> bool:
+    return str(type(value).__module__).startswith(package + ".")
+
+
+def _names_class(text: str, cls: type, package: str) -> bool:
+    name = re.escape(cls.__name__)
+    return re.search(rf"{re.escape(package)}[\w.]*\.{name}\b|'{name}' object", text) is not None
+
+
+def _harness_type_named(exc: BaseException, text: str, package: str) -> bool:
+    obj = getattr(exc, "obj", None) if isinstance(exc, AttributeError) else None
+    return obj is not None and _is_harness(obj, package) and _names_class(text, type(obj), package)
+
+
+def _harness_object(exc: BaseException, text: str, package: str):
+    """The harness object the exception is about: an ``AttributeError``'s own object, else the
+    innermost local of the traceback that is one whose class the message names."""
+    obj = getattr(exc, "obj", None) if isinstance(exc, AttributeError) else None
+    if obj is not None and _is_harness(obj, package):
+        return obj
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for frame in reversed(frames):
+        for value in frame.f_locals.values():
+            if _is_harness(value, package) and _names_class(text, type(value), package):
+                return value
+    return None
+
+
+def _hidden(obj, attr: str):
+    try:
+        return object.__getattribute__(obj, attr)
+    except AttributeError:
+        return None
+
+
+def _said(obj, exc: BaseException) -> str:
+    """The user's thing a harness object stands for, with what it is."""
+    name = _hidden(obj, "_tl_name") or _hidden(obj, "_tl_base")
+    origin = _hidden(obj, "_tl_origin")
+    if name and origin:
+        shown = name[:-2] + "(...)" if name.endswith("()") else name
+        return f"`{shown}` (a stand-in for what cannot be imported: {origin})"
+    name = name or _program_name(obj, exc)
+    return f"`{name}` (a stand-in the probe built, with only what the probe uses)" if name else _UNNAMED
+
+
+def _program_name(obj, exc: BaseException) -> str | None:
+    """The name the probe program binds ``obj`` to (``accelerator``, ``self.accelerator``)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_filename.startswith(_PROGRAM_FILE):
+            for scope in (frame.f_locals, frame.f_globals):
+                for key, value in scope.items():
+                    if value is obj:
+                        return key.removeprefix("__tl_arg_")
+                    if key == "self" and id(obj) in _attributes(value):
+                        return f"self.{_attributes(value)[id(obj)]}"
+        tb = tb.tb_next
+    return None
+
+
+def _attributes(value) -> dict:
+    """``value``'s attributes by identity: object -> attribute name."""
+    try:
+        items = vars(value).items()
+    except TypeError:
+        return {}
+    return {id(v): k for k, v in items if not k.startswith("_")}

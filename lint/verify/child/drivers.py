@@ -33,7 +33,7 @@ from .compare import (
     worse,
 )
 from .sandbox import UnboundName, VariantFailed, call_user, exec_program, is_binding, seed
-from .standins import LONG_STEPS, LOSS_SCALE, STEPS, TRIAL_SHAPES, float_shape
+from .standins import LONG_STEPS, LOSS_SCALE, STEPS, TRIAL_SHAPES, B, D, T, float_shape
 
 CHECKPOINT_FIX = FixWording(
     "with the fix it raises {failure}",
@@ -102,7 +102,7 @@ def run_variants(probe: dict, names: tuple[str, ...], run) -> tuple[dict, dict]:
         if isinstance(failure.exc, SystemExit):
             return {}, {"reference": str(failure)}
         if first_failure is None or (
-            str(failure).startswith("uses `") and not first_failure.startswith("uses `")
+            str(failure).startswith("uses `") and not first_failure.startswith(("uses `", *NO_FIT))
         ):
             first_failure = str(failure)
     if found is None:
@@ -139,6 +139,7 @@ def _reference_by_trial(program: str, run) -> tuple[tuple[dict, str] | None, Var
     other shapes (an image model's (B, C, H, W), flat features), the one that fits named. Returns
     ((the run, the note naming a shape found by trial), None) or (None, the first failure)."""
     first: VariantFailed | None = None
+    tried: list[tuple[int, ...]] = []
     for shape in (None, *TRIAL_SHAPES):
         float_shape(shape)
         try:
@@ -148,7 +149,8 @@ def _reference_by_trial(program: str, run) -> tuple[tuple[dict, str] | None, Var
         except VariantFailed as exc:
             first = first or exc
             if not SHAPE_ERRORS.search(str(first)) or isinstance(exc.exc, UnboundName | SystemExit):
-                return None, first
+                return None, _sizes_first(first, tried, program)
+            tried.append(shape or (B, T, D))
             continue
         note = ""
         if shape is not None:
@@ -158,7 +160,38 @@ def _reference_by_trial(program: str, run) -> tuple[tuple[dict, str] | None, Var
                 f"did not fit ({str(first)[:80]})"
             )
         return (out, note), None
-    return None, first
+    return None, _sizes_first(first, tried, program)
+
+
+NO_FIT = ("no size tried", "no shape tried")  # leads of a detail that names the synthetic sizes
+
+
+def _sizes_first(
+    failure: VariantFailed | None, tried: list[tuple[int, ...]], program: str
+) -> VariantFailed | None:
+    """A reference that failed on a tensor shape with every synthetic shape tried: its detail leads with
+    the synthetic sizes that did not fit the code (the settings chosen by name or use, else the
+    synthetic inputs' shapes), the error after them."""
+    if failure is None or not tried:
+        return failure
+    shapes = ", ".join(str(s) for s in dict.fromkeys(tried))
+    names = SYNTHETIC_FLOAT.findall(program)
+    inputs = f"input{'s' if len(names) != 1 else ''} " + " and ".join(f"`{n}`" for n in names)
+    sizes = {
+        n: v
+        for n, v in capture.sized_by_pattern.items()
+        if isinstance(v, tuple) or (isinstance(v, int) and not isinstance(v, bool))
+    }
+    if sizes:
+        named = " or ".join(f"`{n}`" for n in sizes)
+        chosen = ", ".join(f"`{n}` = {v!r}" for n, v in sizes.items())
+        lead = f"{NO_FIT[0]} for {named} fits the code: {chosen}, chosen by name or use, with the synthetic "
+        lead += f"{inputs.strip()} shaped {shapes}"
+    else:
+        lead = f"{NO_FIT[1]} for the synthetic {inputs.strip()} fits the code: {shapes}"
+    rewritten = VariantFailed(failure.exc)
+    rewritten.args = (f"{lead}; the first raises {failure}",)
+    return rewritten
 
 
 def _alt(program, index: int) -> str:

@@ -283,9 +283,10 @@ def describe_exception(exc: BaseException) -> str:
         return f"the snippet called sys.exit({exc.code!r})"
     if isinstance(exc, KeyboardInterrupt):
         return "the snippet raised KeyboardInterrupt"
-    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}".rstrip(
+    text = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}".rstrip(
         ": "
     )
+    return capture.in_user_terms(exc, text)
 
 
 class VariantFailed(Exception):

@@ -101,6 +101,12 @@ def _division(ctx: ProbeContext, backward: Site) -> cst.CSTNode:
                 pos = ctx.model.position(node)
                 if pos.start.line == rel.line and pos.start.column + 1 == rel.column:
                     return node
+    for rel in ctx.finding.related:
+        if rel.label == DeepspeedDoubleScaling.DIVISION:  # found by the rule in a caller's helper
+            raise NotExecutable(
+                f"the division (line {rel.line}) is in another function than the engine's backward: the"
+                " probe runs the backward's own loop only"
+            )
     raise NotExecutable("the finding has no division among its related locations")
 
 

@@ -42,7 +42,10 @@ def tl507(ctx: ProbeContext) -> dict[str, Any]:
     if inner is None or outer is None:
         raise NotExecutable("the wrapped module or the wrapper is not bound to a name of its own")
     if callee not in (inner, outer):
-        raise NotExecutable(f"the flagged call `{callee}(...)` is neither `{inner}` nor `{outer}`")
+        raise NotExecutable(
+            f"the flagged call `{callee}(...)` reaches `{inner}` under another name: the probe runs calls"
+            f" of `{inner}` or `{outer}` by those names only"
+        )
     backward = _loop_backward(model, flagged)
     # built around the backward: a forward whose result only fed the replaced loss is then dropped
     window = build_loop(ctx, backward, backward, [], model_expr=LOSS_MODULE)
