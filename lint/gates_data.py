@@ -449,11 +449,20 @@ RULES = (
         "ddp-accumulation-without-no-sync",
         "warning",
         False,
-        ("DistributedDataParallel", "DDP"),
-        (("any", ("DistributedDataParallel",)), ("call", ("backward",), ()), ("call", ("step",), ())),
+        ("DistributedDataParallel", "DDP", "prepare"),
+        (
+            ("any", ("DistributedDataParallel", "prepare")),
+            ("call", ("backward",), ()),
+            ("call", ("step",), ()),
+        ),
         (),
         False,
-        (("DistributedDataParallel", "DDP"), ("DistributedDataParallel",), ("backward",), ("step",)),
+        (
+            ("DistributedDataParallel", "DDP", "prepare"),
+            ("DistributedDataParallel", "prepare"),
+            ("backward",),
+            ("step",),
+        ),
     ),
     (
         "TL502",

@@ -7,7 +7,17 @@ from collections.abc import Iterator
 import libcst as cst
 
 from trainlint.api import Diagnostic, Invalid, Rule, RuleDoc, Severity, call_pattern
-from trainlint.model import FileModel, Scope, Site, dotted, innermost_loop, walk, walk_scope
+from trainlint.model import (
+    FileModel,
+    Scope,
+    Site,
+    attr_name,
+    dotted,
+    innermost_loop,
+    receiver,
+    walk,
+    walk_scope,
+)
 from trainlint.model.training import ddp_models, is_step_count_name
 
 
@@ -19,10 +29,10 @@ class DdpAccumulationWithoutNoSync(Rule):
     STEP = "optimizer-step"
     summary = "Gradient accumulation on a DistributedDataParallel model without no_sync(): all-reduce on every microbatch."
     # Prefilter: a `DistributedDataParallel(...)` call (its imported name is in the text even when it
-    # is called as `DDP`), and backward and step method calls (events).
-    tokens = ("DistributedDataParallel", "DDP")
+    # is called as `DDP`) or an `accelerator.prepare(...)`, and backward and step method calls (events).
+    tokens = ("DistributedDataParallel", "DDP", "prepare")
     requires = (
-        ("DistributedDataParallel",),
+        ("DistributedDataParallel", "prepare"),
         call_pattern("backward"),
         call_pattern("step"),
     )
@@ -30,8 +40,10 @@ class DdpAccumulationWithoutNoSync(Rule):
         what=(
             "Reports the backward of a gradient-accumulation loop (the optimizer steps only under an "
             "accumulation condition, or after a `for micro_step in range(accum_steps)` loop) on a "
-            "model wrapped in `torch.nn.parallel.DistributedDataParallel` in this file, when nothing "
-            "in the scope controls gradient synchronisation: no `model.no_sync()` (directly or through "
+            "model wrapped in `torch.nn.parallel.DistributedDataParallel` or prepared by "
+            "`accelerator.prepare(...)` in this file, also when the loop calls the backward and the step "
+            "through the file's own functions or methods (`self.backward_step(loss)`), when nothing in "
+            "the scope or those helpers controls gradient synchronisation: no `model.no_sync()` (directly or through "
             "a variable), no `require_backward_grad_sync`, no `accelerator.accumulate` / "
             "`accelerator.no_sync`, no Fabric `no_backward_sync`."
         ),
@@ -195,22 +207,24 @@ class DdpAccumulationWithoutNoSync(Rule):
     )
 
     def check(self, model: FileModel) -> Iterator[Diagnostic]:
-        wrapped = ddp_models(model)
+        wrapped = ddp_models(model) | prepared_models(model)
         if not wrapped:
             return
-        training = model.training
         checked: dict[int, bool] = {}
-        for backward in training.of_kind("backward", "scaled_backward"):
-            scope = backward.site.scope
+        for backward in _backward_sites(model):
+            scope = backward.scope
             if id(scope) not in checked:
-                checked[id(scope)] = self._uses_ddp(scope, wrapped) and not _mentions_sync_control(scope)
+                helpers = [scope, *_helper_scopes(model, scope)]
+                checked[id(scope)] = self._uses_ddp(helpers, wrapped) and not any(
+                    _mentions_sync_control(s) for s in helpers
+                )
             if not checked[id(scope)]:
                 continue
-            step = self._accumulation_step(model, backward.site)
+            step = self._accumulation_step(model, backward)
             if step is None:
                 continue
             yield Diagnostic(
-                backward.call,
+                backward.node,
                 "This backward of a DistributedDataParallel model runs on every microbatch of an "
                 "accumulation window, so gradients are all-reduced each time; run the non-final "
                 "microbatches' forward and backward inside `model.no_sync()`.",
@@ -224,10 +238,11 @@ class DdpAccumulationWithoutNoSync(Rule):
             )
 
     @staticmethod
-    def _uses_ddp(scope: Scope, wrapped: set[str]) -> bool:
-        for node in walk_scope(scope.node):
-            if isinstance(node, cst.Call) and dotted(node.func) in wrapped:
-                return True
+    def _uses_ddp(scopes: list[Scope], wrapped: set[str]) -> bool:
+        for scope in scopes:
+            for node in walk_scope(scope.node):
+                if isinstance(node, cst.Call) and dotted(node.func) in wrapped:
+                    return True
         return False
 
     @staticmethod
@@ -235,15 +250,15 @@ class DdpAccumulationWithoutNoSync(Rule):
         """The optimizer step that makes ``backward`` part of an accumulation window, or None."""
         training = model.training
         loop = innermost_loop(backward)
-        steps = training.events_in(backward.scope, "step", "scaler_step")
+        steps = _sites_doing(model, backward.scope, "step", "scaler_step")
         if loop is None:
             return None
         for step in steps:
             # shape 1: step under an accumulation condition in the backward's loop
-            if any(f.node is loop.node for f in step.site.frames):
-                condition = training.under_accumulation(step.site, loop.node)
+            if any(f.node is loop.node for f in step.frames):
+                condition = training.under_accumulation(step, loop.node)
                 if condition is not None and not any(f.node is condition.node for f in backward.frames):
-                    return step.site
+                    return step
         # shape 2: a micro-step loop over the accumulation count, the step after it
         if isinstance(loop.node, cst.For) and any(
             isinstance(n, cst.Name | cst.Attribute)
@@ -251,8 +266,8 @@ class DdpAccumulationWithoutNoSync(Rule):
             for n in walk(loop.node.iter)
         ):
             for step in steps:
-                if step.order > backward.order and not any(f.node is loop.node for f in step.site.frames):
-                    return step.site
+                if step.order > backward.order and not any(f.node is loop.node for f in step.frames):
+                    return step
         return None
 
 
@@ -269,3 +284,97 @@ def _mentions_sync_control(scope: Scope) -> bool:
         if isinstance(node, cst.Name) and node.value in SYNC_CONTROLS:
             return True
     return False
+
+
+def _helper_scopes(model: FileModel, scope: Scope) -> list[Scope]:
+    """The scopes of the file's own functions and ``self.`` methods that ``scope`` calls directly: a
+    trainer's loop often calls a ``backward_step`` and an ``optimizer_step`` method."""
+    out: list[Scope] = []
+    for site in model.calls:
+        if site.scope is not scope:
+            continue
+        function = model.local_callee(site)
+        found = model.scope_for(function) if function is not None else None
+        if found is not None and found is not scope and all(found is not s for s in out):
+            out.append(found)
+    return out
+
+
+def _sites_doing(model: FileModel, scope: Scope, *kinds: str) -> list[Site]:
+    """The calls in ``scope`` that are events of ``kinds``, and the calls in ``scope`` of the file's own
+    functions or methods whose body has such an event (one level: ``self.optimizer_step()``)."""
+    training = model.training
+    out = [e.site for e in training.events_in(scope, *kinds)]
+    for site in model.calls:
+        if site.scope is not scope:
+            continue
+        function = model.local_callee(site)
+        found = model.scope_for(function) if function is not None else None
+        if found is not None and found is not scope and training.events_in(found, *kinds):
+            out.append(site)
+    return sorted(out, key=lambda s: s.order)
+
+
+def _backward_sites(model: FileModel) -> list[Site]:
+    """Every backward, and every call of a function or method of the file that runs one."""
+    scopes = {id(s.scope): s.scope for s in model.calls}
+    return [
+        site
+        for scope in scopes.values()
+        for site in _sites_doing(model, scope, "backward", "scaled_backward")
+    ]
+
+
+def prepared_models(model: FileModel) -> set[str]:
+    """Dotted names bound to what ``accelerator.prepare(...)`` returns: Accelerate wraps the model in
+    DistributedDataParallel when it runs on several processes. Unpacked (``model, opt =
+    accelerator.prepare(model, opt)``) or indexed once (``self.model = prepared[0]``); the other
+    prepared objects (optimizer, loaders) are never called like a model, so they do no harm here.
+    None in a file that sets Accelerate up for DeepSpeed or FSDP: ``accelerator.backward`` then hands
+    the loss to the DeepSpeed engine, which owns the accumulation window (Accelerate's own test scripts
+    read their accumulation count from the DeepSpeed config), and under FSDP skipping the
+    reduce-scatter keeps unsharded gradients, a memory trade-off rather than a plain waste."""
+    bound: set[str] = set()
+    if any(_names_other_engine(node) for node in walk(model.module)):
+        return bound
+    for site in model.calls:
+        call = site.node
+        assert isinstance(call, cst.Call)
+        if attr_name(call) != "prepare" or "accelerator" not in (dotted(receiver(call)) or "").lower():
+            continue
+        bound.update(_assigned_names(site.statement, call))
+    if not bound:
+        return bound
+    for node in walk(model.module):
+        if isinstance(node, cst.Assign) and isinstance(node.value, cst.Subscript):
+            if dotted(node.value.value) in bound:
+                bound.update(_assigned_names(node, node.value))
+    return bound
+
+
+def _assigned_names(statement: cst.CSTNode | None, value: cst.CSTNode) -> set[str]:
+    smalls = statement.body if isinstance(statement, cst.SimpleStatementLine) else [statement]
+    out: set[str] = set()
+    for small in smalls:
+        if isinstance(small, cst.Assign) and small.value is value:
+            for target in small.targets:
+                node = target.target
+                elements = (
+                    [e.value for e in node.elements] if isinstance(node, cst.Tuple | cst.List) else [node]
+                )
+                out.update(k for k in map(dotted, elements) if k)
+    return out
+
+
+# Names that set Accelerate up for an engine other than DDP (see ``prepared_models``).
+OTHER_ENGINES = ("deepspeed", "fsdp", "fullyshardeddataparallel")
+
+
+def _names_other_engine(node: cst.CSTNode) -> bool:
+    if isinstance(node, cst.Attribute):
+        name = node.attr.value.lower()
+    elif isinstance(node, cst.Name):
+        name = node.value.lower()
+    else:
+        return False
+    return any(engine in name for engine in OTHER_ENGINES)
