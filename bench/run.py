@@ -481,6 +481,8 @@ _INDEX = r"""
 import json, resource, sys, time
 import trainlint.model.project as project
 import trainlint.model.summary as summary
+import trainlint.model.index_imports as index_imports
+import trainlint.model.index_memory as index_memory
 spent, depth = [0.0], [0]
 def timed(fn):
     def wrapper(*a, **k):
@@ -495,12 +497,12 @@ def timed(fn):
             depth[0] -= 1
     return wrapper
 originals = {}
-for module in (project, summary):
+for module in (project, summary, index_imports, index_memory):
     for name, value in list(vars(module).items()):
         if callable(value) and getattr(value, "__module__", None) == module.__name__ and not isinstance(value, type):
             originals[value] = timed(value)
             setattr(module, name, originals[value])
-for owner in (project.Project, project.ProjectIndex):
+for owner in (project.Project, project.ProjectIndex, index_memory.Shelf):
     for name, value in list(vars(owner).items()):
         if name.startswith("__"):
             continue

@@ -29,7 +29,7 @@ from trainlint.files import MAX_SOURCE_BYTES, discover, display_path, is_exclude
 from trainlint.gates import rule_ids
 from trainlint.notebook import MAX_NOTEBOOK_BYTES
 from trainlint.notebook import SUFFIX as NOTEBOOK
-from trainlint.procs import Terminated, discard_stdout, init_worker, sigterm_unwinds
+from trainlint.procs import PENDING_EXIT, Terminated, discard_stdout, init_worker, sigterm_unwinds
 from trainlint.report import REPORTERS, OutputOptions, RunReport, make_console
 from trainlint.report.escape import escape_controls
 from trainlint.results import FileResult, LintOptions, Problem, ProblemKind, internal_error
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 # are imported where a file is really linted or findings are drawn.
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
-_PENDING_EXIT: list[int] = []  # the exit code of a run whose output is being printed
+_PENDING_EXIT = PENDING_EXIT  # the exit code of a run whose output is being printed (or a subcommand's)
 # PyTorch is not a dependency: the extra would pull the multi-GB CUDA build. Say what works instead.
 TORCH_HINT = (
     "--verify needs PyTorch in this environment; install it first, e.g. the CPU build: "
@@ -560,6 +560,8 @@ def _fix(
         report.sources[shown] = outcome.text
     if args.diff:
         code = EXIT_FINDINGS if diffs and not args.exit_zero else EXIT_CLEAN
+        if any(problem.kind.fatal for problem in report.errors):
+            code = EXIT_ERROR  # (as without --diff: the run cannot be trusted)
         _PENDING_EXIT[:] = [code]  # `trainlint --diff . | head -1` still exits with it
         _print_problems(report.errors)
         if diffs:
@@ -569,8 +571,9 @@ def _fix(
         return code
     report.findings = sorted(remaining, key=lambda f: f.sort_key)
     if stdin_text is not None:
-        code = EXIT_FINDINGS if report.findings and not args.exit_zero else EXIT_CLEAN
+        code = _exit_code(report, args)
         _PENDING_EXIT[:] = [code]
+        _print_problems(report.errors)
         sys.stdout.write(fixed_stdin or "")
         return code
     return None

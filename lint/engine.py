@@ -26,7 +26,7 @@ from trainlint.files import (
     too_crowded,
     too_large,
 )
-from trainlint.gates import Gate, code_text, gates
+from trainlint.gates import CodeFacts, Gate, code_facts, gates
 from trainlint.model.project import Project
 from trainlint.report.escape import one_line_code
 from trainlint.results import FileResult, LintOptions, Problem, ProblemKind, internal_error
@@ -333,16 +333,20 @@ def lint_text(text: str, path: str, options: LintOptions) -> FileResult:
     if problem is not None:
         return report(problem)
     tree, nesting = _cpython_tree(text) if options.prefilter else (None, None)
+    facts = None
     if tree is not None and active:
         # CPython's tree is 12x cheaper than libcst's: a rule whose names are only in comments and
-        # docstrings cannot fire, and the file is not handed to libcst for it
-        code = code_text(tree)
-        active = [g for g in active if g.in_code(code)]
+        # docstrings, or not used the way its findings need them, cannot fire, and the file is not
+        # handed to libcst for it. The same walk measures the depth for the nesting guard.
+        facts = code_facts(tree)
+        active = [g for g in active if g.in_code(facts.text)]
+    if tree is not None:
+        rules, facts = _project_candidates(text, tree, facts, active, rules)
     run = _rules_to_run(text, path, active, rules, tree)
     if tree is not None:
         if not run:
             return result  # CPython parsed it: no syntax error to report, no rule to run
-        problem = _depth_problem(path, tree) if nesting is None else None
+        problem = _depth_problem(path, tree, facts) if nesting is None else None
     else:
         problem = _nesting_problem(path, text, nesting or scan_nesting(text))
     if problem is not None:
@@ -360,6 +364,20 @@ def lint_text(text: str, path: str, options: LintOptions) -> FileResult:
 # process) costs more than it saves. Smaller files (99% of torch's files) never pay for the fork.
 ISOLATED_BYTES = 128 * 1024
 PARSE_MEMORY = 2 * 1024**3
+
+
+def _project_candidates(
+    text: str, tree: ast.Module, facts: CodeFacts | None, active: list[Gate], rules: list[Gate]
+) -> tuple[list[Gate], CodeFacts | None]:
+    """``rules`` less those whose cross-file findings the file's code rules out (``Rule.project_gate``):
+    the project index is not asked about them (its summaries of the imported modules cost as much as
+    a parse each). With the walk of the tree, when it had to be made."""
+    gated = [g for g in rules if g.project_code and g not in active and g.can_fire_in_project(text)]
+    if not gated:
+        return rules, facts
+    facts = facts or code_facts(tree)
+    out = {g.id for g in gated if not g.in_project_code(facts.text)}
+    return [g for g in rules if g.id not in out], facts
 
 
 def _lint_isolated(
@@ -406,10 +424,11 @@ def _cpython_tree(text: str) -> tuple[ast.Module | None, Nesting | None]:
     return _cpython_parse(text)[0], nesting
 
 
-def _depth_problem(path: str, tree: ast.Module) -> Finding | None:
+def _depth_problem(path: str, tree: ast.Module, facts: CodeFacts | None = None) -> Finding | None:
     """TL901 when CPython's tree is nested deeper than libcst may be given (see ``scan_nesting``: the
-    tree's depth is what its bound over-approximates; CPython itself refuses over 200 brackets)."""
-    depth, line = _tree_depth(tree)
+    tree's depth is what its bound over-approximates; CPython itself refuses over 200 brackets).
+    ``facts``: the gate's walk of the same tree, which measured it already."""
+    depth, line = (facts.depth, facts.depth_line) if facts is not None else _tree_depth(tree)
     if depth > MAX_NESTING:
         return _too_deep(path, line, f"{depth} levels at line {line}; trainlint analyses up to {MAX_NESTING}")
     return None

@@ -1,9 +1,11 @@
 """What decides, before any parse by libcst, which rules a file needs: the prefilter (substrings and calls
-in the raw text) and the gate (the rules' trigger names as code, in CPython's ``ast`` of the file).
+in the raw text) and the gate (the rules' trigger names as code, and used the way their findings need
+them, in CPython's ``ast`` of the file: ``Rule.gate``, ``Rule.project_gate``).
 
 Both read each rule's prefilter data from ``gates_data.py``, generated from the rule classes, so that a
 file no rule can fire on is linted without importing libcst or any rule module. Regenerate it after
-changing a rule's ``tokens``, ``requires`` or ``project_requires``::
+changing a rule's ``tokens``, ``requires``, ``project_requires``, ``gate``, ``project_gate`` or
+``excludes``::
 
     python -m trainlint.gates
 
@@ -28,7 +30,38 @@ if TYPE_CHECKING:
 
 DATA = Path(__file__).with_name("gates_data.py")
 _IMPORTED = "\x01"  # marks the line of an imported module's top-level name in ``code_text``
+_CALL = "\x02"  # marks a called name (the callee's last name: ``f`` of ``f(x)`` and of ``x.f()``)
+_REF = "\x03"  # marks each part of an imported name, and an attribute read on anything but ``self``
+_DEF = "\x04"  # marks the name of a function or method defined (``def``, ``async def``)
+_LOOP = "\x05"  # marks a name called in a ``for``/``while`` statement, and ``+=`` for a total added to there
+_IF = "\x06"  # marks a name called in an ``if`` statement
+# marks ``self`` used on its own, not as the receiver of ``self.x``: passed to a call (``f(self)``),
+# assigned or assigned to, returned... the ways a module ``self`` holds may reach or come out of a call
+_BARE = "\x08"
+# marks a name bound under another one: imported ``as`` another, or assigned to a plain name (``f = x.name``),
+# the ways a call's qualified name can end with a name the callee does not (``FileModel.qualname``)
+_ALIAS = "\x07"
+_ATOM_MARKS = {
+    "call": _CALL,
+    "ref": _REF,
+    "alias": _ALIAS,
+    "import": _IMPORTED,
+    "loop": _LOOP,
+    "if": _IF,
+    "def": _DEF,
+    "bare": _BARE,
+    "name": "",
+}
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# ``KIND~PATTERN``: a pattern searched in the names of one kind (see ``Rule.gate``). Only what stays
+# inside one name: words, groups, alternatives, lookaheads, ``\w``, ``*``/``+``/``?`` and ``^`` (the
+# start of the name); ``(?i:...)`` ignores case.
+_NAME_PATTERN = re.compile(r"\^?(?:[\w|()?!:*+]|\\w)+")
+_PATTERN = "~"  # starts the stored line of a pattern atom (a regular expression over ``code_text``)
+
+
+# rule id -> (its gate, the text last asked about, ``Gate.can_fire_in_project``'s verdict on it)
+_LAST_VERDICT: dict[str, tuple[Gate, str, bool]] = {}
 
 
 @dataclass(frozen=True)
@@ -46,16 +79,37 @@ class Gate:
     # groups of names one of which must occur as code (an identifier, an attribute, an imported name, a
     # keyword argument, a string that is not a docstring) for a finding of this file's own code
     code_names: tuple[tuple[str, ...], ...]
+    excludes: tuple[str, ...] = ()
+    # groups of code lines one of which must occur for a cross-file finding (``Rule.project_gate``)
+    project_code: tuple[tuple[str, ...], ...] = ()
 
     def can_fire(self, text: str) -> bool:
-        return passes(self.tokens, list(self.requires), text)
+        return passes(self.tokens, list(self.requires), text) and not any(w in text for w in self.excludes)
 
     def can_fire_in_project(self, text: str) -> bool:
-        return bool(self.project_requires) and all(group_matches(g, text) for g in self.project_requires)
+        if not self.project_requires or any(word in text for word in self.excludes):
+            return False
+        # asked twice of each file (the project gate, then the project index's turn): a pattern such as
+        # TL204's, tried at every word of the text, is searched once
+        last = _LAST_VERDICT.get(self.id)
+        if last is not None and last[0] is self and last[1] is text:
+            return last[2]
+        verdict = all(group_matches(g, text) for g in self.project_requires)
+        _LAST_VERDICT[self.id] = (self, text, verdict)
+        return verdict
 
     def in_code(self, code: str) -> bool:
         """Whether every name group occurs in ``code`` (``code_text`` of the file's tree)."""
-        return all(any(name in code for name in group) for group in self.code_names)
+        return all(any(occurs(name, code) for name in group) for group in self.code_names)
+
+    def in_project_code(self, code: str) -> bool:
+        """Whether the file's code (``code_text``) allows one of the rule's cross-file findings."""
+        return all(any(occurs(line, code) for line in group) for group in self.project_code)
+
+
+def occurs(line: str, code: str) -> bool:
+    """Whether a line of the gate's data (``code_atom``, a name of ``code_names``) is in ``code``."""
+    return line in code or (line[:1] == _PATTERN and re.search(line[1:], code) is not None)
 
 
 # -- the generated data --------------------------------------------------------------------------------
@@ -128,11 +182,31 @@ def _reads_text(rule: type[Rule]) -> bool:
     return False
 
 
+def code_atom(atom: str) -> str:
+    """The line of ``code_text`` that a rule's ``gate`` atom stands for (see ``Rule.gate``), or for
+    ``KIND~PATTERN``, ``~`` and the regular expression that finds such a line."""
+    kind, tilde, pattern = atom.partition("~")
+    if tilde and kind in _ATOM_MARKS and kind not in ("name", "bare") and _NAME_PATTERN.fullmatch(pattern):
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"not a gate atom: {atom!r}: {exc}") from None
+        start = "" if pattern.startswith("^") else r"\w*"
+        return f"{_PATTERN}\n{re.escape(_ATOM_MARKS[kind])}{start}(?:{pattern.lstrip('^')})"
+    kind, _, name = atom.partition(":")
+    plain = _WORD.fullmatch(name) is not None and (kind != "bare" or name == "self")  # only ``self`` is bare
+    if kind in _ATOM_MARKS and (plain or atom == "loop:+="):
+        return f"\n{_ATOM_MARKS[kind]}{name}\n"
+    raise ValueError(f"not a gate atom: {atom!r} (see Rule.gate)")
+
+
 def record(rule: type[Rule]) -> tuple[Any, ...]:
     """One rule's line of the generated data."""
     imports = tuple(g for g in rule.requires if isinstance(g, Imports))
     groups = (rule.tokens, *imports) if _reads_text(rule) else (rule.tokens, *rule.requires)
-    code_names = tuple(dict.fromkeys(n for n in map(_names, groups) if n is not None)) if rule.tokens else ()
+    names = [n for n in map(_names, groups) if n is not None]
+    names += [tuple(map(code_atom, group)) for group in rule.gate]
+    code_names = tuple(dict.fromkeys(names)) if rule.tokens else ()
     return (
         rule.id,
         rule.name,
@@ -143,6 +217,8 @@ def record(rule: type[Rule]) -> tuple[Any, ...]:
         tuple(_encode(g) for g in rule.project_requires),
         rule.project_callers,
         code_names,
+        rule.excludes,
+        tuple(tuple(map(code_atom, group)) for group in rule.project_gate),
     )
 
 
@@ -154,7 +230,7 @@ def render() -> str:
         '"""Generated by ``python -m trainlint.gates`` from the rule classes: do not edit."""',
         "",
         "# (id, name, severity, engine_only, tokens, requires, project_requires, project_callers,",
-        "#  code_names); a group is (kind, ...): any (tokens), call/method (names, or_tokens), re (pattern, flags)",
+        "#  code_names, excludes, project_code); a group is (kind, ...): any (tokens), call/method (names, or_tokens), re (pattern, flags)",
         "RULES = (",
     ]
     lines += [f"    {record(rule)!r}," for rule in registry()]
@@ -168,7 +244,7 @@ def gates() -> dict[str, Gate]:
     from trainlint.gates_data import RULES
 
     out = {}
-    for rid, name, severity, engine_only, tokens, requires, project, callers, code_names in RULES:
+    for rid, name, severity, engine_only, tokens, requires, project, callers, code_names, *code in RULES:
         out[rid] = Gate(
             rid,
             name,
@@ -179,6 +255,7 @@ def gates() -> dict[str, Gate]:
             tuple(map(_decode, project)),
             callers,
             code_names,
+            *code,
         )
     return out
 
@@ -212,44 +289,154 @@ for _kind in ("TypeVar", "ParamSpec", "TypeVarTuple"):  # Python 3.12's type par
         _NAME_FIELDS[getattr(ast, _kind)] = ("name",)
 
 
+@dataclass(frozen=True)
+class CodeFacts:
+    """What the gate and the nesting guard read from one walk of CPython's tree: ``text`` (see
+    ``code_text``), and the deepest nesting counted as libcst nests it (``a and b and c`` is one
+    ``BoolOp`` here but a chain there) with the line where it first occurs."""
+
+    text: str
+    depth: int
+    depth_line: int
+
+
 def code_text(tree: ast.AST) -> str:
-    """Every name and string of the code, one a line, and each imported module's top-level name
-    marked: what the gate looks for the rules' names in. Comments are not in a tree; docstrings (a
-    string standing alone as a statement) are left out."""
+    """Every name and string of the code, one a line, with each imported module's top-level name, each
+    called name and each name that can start a reference to an imported object marked: what the gate
+    looks for the rules' names in. Comments are not in a tree; docstrings (a string standing alone as a
+    statement) are left out."""
+    return code_facts(tree).text
+
+
+def code_facts(tree: ast.AST) -> CodeFacts:
+    """``code_text`` and the tree's depth in one walk (each walk of a tree costs about as much as
+    CPython's parse of it). Iterative: never recurses."""
     out: list[str] = []
     add = out.append
-    stack: list[Any] = [tree]
-    pop, push, extend = stack.pop, stack.append, stack.extend
-    name_type, constant, expr, node_type = ast.Name, ast.Constant, ast.Expr, ast.AST
+    best, best_line = 0, 1
+    # (node, depth, line of the nearest node that has one, _IN_LOOP | _IN_IF of the statements around)
+    stack: list[tuple[Any, int, int, int]] = [(tree, 1, 1, 0)]
+    pop, push = stack.pop, stack.append
+    name_type, constant, attribute, call, expr = ast.Name, ast.Constant, ast.Attribute, ast.Call, ast.Expr
+    node_type, bool_op, plain = ast.AST, ast.BoolOp, _PLAIN
     while stack:
-        node = pop()
+        node, depth, line, around = pop()
         kind = type(node)
-        if kind is name_type:
+        line = getattr(node, "lineno", line)
+        if kind is name_type:  # its ``ctx`` is one level below, without a line of its own
             add(node.id)
+            if node.id == "self":  # not the receiver of ``self.x`` (never walked): passed, assigned...
+                add(_BARE + "self")
+            if depth + 1 > best:
+                best, best_line = depth + 1, line
             continue
+        if depth > best:
+            best, best_line = depth, line
         if kind is constant:
             if type(node.value) is str:
                 add(node.value)
             continue
-        if kind is expr and type(node.value) is constant:
+        if kind is expr and type(node.value) is constant:  # a docstring: no names, one level below
+            if depth + 1 > best:
+                best, best_line = depth + 1, node.value.lineno
             continue
-        if kind is ast.Import:
-            out += [_IMPORTED + alias.name.partition(".")[0] for alias in node.names]
-        elif kind is ast.ImportFrom and not node.level and node.module:
-            add(_IMPORTED + node.module.partition(".")[0])
-        for field in _NAME_FIELDS.get(kind, ()):
-            value = getattr(node, field, None)
-            if isinstance(value, str):
-                add(value)
-            elif isinstance(value, list):
-                out.extend(value)
-        for field in node._fields:
+        if kind is attribute:
+            value = node.value
+            add(node.attr)
+            if type(value) is name_type and value.id == "self":
+                # ``self.x``: its ``self`` is not walked (not a bare ``self``); it is one level below, its
+                # context one more
+                add("self")
+                if depth + 2 > best:
+                    best, best_line = depth + 2, value.lineno
+                continue
+            add(_REF + node.attr)
+            # the value alone: the context beside it (one level below) is never deeper than the value
+            push((value, depth + 1, line, around))
+            continue
+        if kind is call:
+            func = node.func
+            called = func.id if type(func) is name_type else func.attr if type(func) is attribute else None
+            if called is not None:
+                add(_CALL + called)
+                if around & _IN_LOOP:
+                    add(_LOOP + called)
+                if around & _IN_IF:
+                    add(_IF + called)
+        elif kind not in plain:
+            around = _note(node, kind, around, out)
+        below = depth + (max(len(node.values) - 1, 1) if kind is bool_op else 1)
+        for field in node._fields:  # ``ast.iter_child_nodes``, without its generator's cost
             value = getattr(node, field, None)
             if type(value) is list:
-                extend(v for v in value if isinstance(v, node_type))
+                for child in value:
+                    if isinstance(child, node_type):
+                        push((child, below, line, around))
             elif isinstance(value, node_type):
-                push(value)
-    return "\n" + "\n".join(out) + "\n"
+                push((value, below, line, around))
+    return CodeFacts("\n" + "\n".join(out) + "\n", best, best_line)
+
+
+_IN_LOOP, _IN_IF = 1, 2
+# The kinds of node ``_note`` has nothing to say about (most nodes: skipping the call is cheaper)
+_PLAIN = frozenset(
+    {ast.Load, ast.Store, ast.Del, ast.Subscript, ast.BinOp, ast.Compare, ast.Tuple, ast.List, ast.Return}
+    | {ast.UnaryOp, ast.Dict, ast.Slice, ast.JoinedStr, ast.FormattedValue, ast.Starred, ast.Expr}
+    | {ast.BoolOp, ast.IfExp, ast.Lambda, ast.comprehension, ast.ListComp, ast.GeneratorExp}
+    | {ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Eq, ast.NotEq, ast.Not, ast.And, ast.Or, ast.USub}
+)
+
+
+def _note(node: Any, kind: type, around: int, out: list[str]) -> int:
+    """Adds the lines of a node other than a name, a string, an attribute or a call to ``out``; returns
+    the flags of the statements around its children."""
+    if kind is ast.Import:
+        for alias in node.names:
+            out.append(_IMPORTED + alias.name.partition(".")[0])
+            out += [_REF + part for part in alias.name.split(".")]
+            if alias.asname:
+                out.append(_ALIAS + alias.name.rpartition(".")[2])
+    elif kind is ast.ImportFrom:
+        if not node.level and node.module:
+            out.append(_IMPORTED + node.module.partition(".")[0])
+        out += [_REF + alias.name for alias in node.names]
+        out += [_ALIAS + alias.name for alias in node.names if alias.asname]
+    elif kind is ast.For or kind is ast.While or kind is ast.AsyncFor:
+        around |= _IN_LOOP
+    elif kind is ast.If:
+        around |= _IN_IF
+    elif kind is ast.FunctionDef or kind is ast.AsyncFunctionDef:
+        out.append(_DEF + node.name)
+    else:
+        if kind is ast.Assign or kind is ast.AnnAssign or kind is ast.NamedExpr:
+            value = node.value
+            if type(value) is ast.Name:
+                out.append(_ALIAS + value.id)
+            elif type(value) is ast.Attribute:
+                out.append(_ALIAS + value.attr)
+        if around & _IN_LOOP and _adds_to_a_total(node, kind):
+            out.append(_LOOP + "+=")
+    for field in _NAME_FIELDS.get(kind, ()):
+        value = getattr(node, field, None)
+        if isinstance(value, str):
+            out.append(value)
+        elif isinstance(value, list):
+            out.extend(value)
+    return around
+
+
+def _adds_to_a_total(node: Any, kind: type) -> bool:
+    """``t += x``, or ``t = t + x``/``t = x + t`` (a name, or any attribute or subscript target)."""
+    if kind is ast.AugAssign:
+        return type(node.op) is ast.Add
+    if kind is not ast.Assign or len(node.targets) != 1:
+        return False
+    value, target = node.value, node.targets[0]
+    if type(value) is not ast.BinOp or type(value.op) is not ast.Add:
+        return False
+    if type(target) is not ast.Name:
+        return type(target) in (ast.Attribute, ast.Subscript)
+    return any(type(side) is ast.Name and side.id == target.id for side in (value.left, value.right))
 
 
 def main() -> int:

@@ -78,6 +78,8 @@ def read_notebook(text: str) -> Notebook:
         data = json.loads(text)
     except ValueError as exc:
         raise NotANotebook(f"not a notebook: invalid JSON ({exc})") from None
+    except RecursionError:  # (CPython's decoder recurses once per level)
+        raise NotANotebook("not a notebook: its JSON nests too deep to read") from None
     cells = data.get("cells") if isinstance(data, dict) else None
     if not isinstance(cells, list):
         raise NotANotebook("not a notebook: no list of cells")

@@ -109,7 +109,7 @@ def fix_notebook(text: str, lint: Callable[[str], list[Finding]], unsafe: bool) 
     outcome = FixOutcome(text)
     try:
         data = json.loads(text)
-    except ValueError:  # changed since it was linted: nothing to fix
+    except (ValueError, RecursionError):  # changed since it was linted: nothing to fix
         return outcome
     layout = _layout(text, data)
     if layout is None:

@@ -13,6 +13,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TextIO
 
 PR_SET_PDEATHSIG = 1
 
@@ -66,9 +67,29 @@ def sigterm_unwinds() -> Iterator[None]:
 def discard_stdout() -> None:
     """The reader of stdout went away: later writes, and the flush at exit, go nowhere instead of
     failing (Python would otherwise end with a BrokenPipeError message and exit code 120)."""
+    _discard(sys.stdout)
+
+
+PENDING_EXIT: list[int] = []  # the exit code of a command whose output is being printed
+
+
+def pending_exit(code: int) -> int:
+    """Record ``code`` as the command's exit code before its output (or its error message) is written:
+    when the reader goes away (``trainlint run ... | head -1``) the write raises BrokenPipeError, and
+    ``trainlint.cli.main`` then exits with this code instead of 0. Returns ``code``."""
+    PENDING_EXIT[:] = [code]
+    return code
+
+
+def discard_stderr() -> None:
+    """As ``discard_stdout``, for stderr: a command that only notes progress there goes on without it."""
+    _discard(sys.stderr)
+
+
+def _discard(stream: TextIO) -> None:
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(devnull, stream.fileno())
         os.close(devnull)
     except (OSError, ValueError):
         pass

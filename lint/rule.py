@@ -366,6 +366,31 @@ class Rule:
     # True when those findings rest on the callers of the file's functions (found by walking the
     # project), not on what the file imports: the engine then runs the rule without an import test.
     project_callers: ClassVar[bool] = False
+    # Conditions on the code itself, checked in CPython's tree (``trainlint.gates.code_text``) before
+    # libcst is asked: each group holds atoms one of which must occur, and each group must be a
+    # necessary condition of every finding that rests on this file alone (findings that rest on other
+    # files' facts are the project prefilter's). An atom is ``"call:NAME"`` (a call whose callee's last
+    # name is NAME: ``NAME(...)``, ``x.NAME(...)``), ``"ref:NAME"`` (NAME as a part of an imported name
+    # or an attribute read on anything but ``self``), ``"alias:NAME"`` (NAME imported ``as`` another
+    # name, or assigned to one: ``f = x.NAME``), ``"import:NAME"`` (an absolute import of NAME or of a
+    # module under it), ``"loop:NAME"``/``"if:NAME"`` (NAME called inside a ``for``/``while`` or an
+    # ``if`` statement), ``"loop:+="`` (``t += x`` or ``t = t + x`` inside a loop), ``"def:NAME"`` (a
+    # function or method NAME defined), ``"bare:self"`` (``self`` on its own, not as the receiver of
+    # ``self.x``: passed to a call, assigned, returned) or ``"name:NAME"`` (NAME as a whole identifier,
+    # attribute, keyword, imported module or string of the code); ``"KIND~PATTERN"`` is a regular
+    # expression searched in the names of one kind but ``name`` and ``bare``
+    # (``"call~^(?!save_)\\w*checkpoint"``: a callee's last name that says checkpoint; ``"def~(?i:loss)"``:
+    # a function whose name has "loss" in any case). The
+    # conditions follow ``FileModel``'s resolution: a call's qualified name ends with its callee's last
+    # name unless the name was bound under another one (an alias); ``self.x`` resolves to nothing (``self``
+    # is a parameter).
+    gate: ClassVar[tuple[tuple[str, ...], ...]] = ()
+    # The same for the findings that rest on other files' facts: conditions on this file's code that
+    # each of them needs too (the engine asks the project index about the rule only when they hold).
+    project_gate: ClassVar[tuple[tuple[str, ...], ...]] = ()
+    # Text in whose presence the rule reports nothing at all (its ``check`` returns first when the file
+    # says it: TL505 and ``set_epoch``): the prefilter rejects the file for the rule.
+    excludes: ClassVar[tuple[str, ...]] = ()
     valid: ClassVar[tuple[str, ...]] = ()
     invalid: ClassVar[tuple[Invalid, ...]] = ()
     has_fix: ClassVar[bool] = False
@@ -396,7 +421,7 @@ class Rule:
         order = _CHEAPEST_FIRST.get(cls)
         if order is None:
             order = _CHEAPEST_FIRST[cls] = cheapest_first(cls.requires)
-        return passes(cls.tokens, order, text)
+        return passes(cls.tokens, order, text) and not any(word in text for word in cls.excludes)
 
     @classmethod
     def wants_fact(cls, kind: str, facts: dict[str, Any]) -> bool:
@@ -408,7 +433,9 @@ class Rule:
     @classmethod
     def can_fire_in_project(cls, text: str) -> bool:
         """The prefilter's verdict for the rule's cross-file findings (see ``project_requires``)."""
-        return bool(cls.project_requires) and all(group_matches(g, text) for g in cls.project_requires)
+        if not cls.project_requires or any(word in text for word in cls.excludes):
+            return False
+        return all(group_matches(g, text) for g in cls.project_requires)
 
     @classmethod
     def has_probe(cls) -> bool:

@@ -37,5 +37,6 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert "<!-- test-command -->" in ci  # CI reads the command from README, never a copy
     command = _between(README, "test-command")
     assert "pip install torch==2.13.0" in command
-    assert command.index("torch==2.13.0") < command.index(".[test,verify]")
+    # torch first: the extras (verify, deepspeed) would otherwise let pip resolve a CUDA build
+    assert command.index("torch==2.13.0") < command.index(".[test,verify,deepspeed]")
     assert "pytest" in command

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from trainlint.procs import pending_exit
+
 EXIT_OK, EXIT_USAGE = 0, 2
 
 DESCRIPTION = """\
@@ -180,8 +182,9 @@ def main(argv: list[str] | None = None) -> int:
         _check(args)
         return _run(args)
     except _UsageError as e:
+        code = pending_exit(EXIT_USAGE)  # (holds when nobody reads the message: `2>&1 | true`)
         print(f"trainlint memory: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        return code
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -204,10 +207,12 @@ def _run(args: argparse.Namespace) -> int:
     data = render.to_dict(
         measured, project_all(measured, args.world_size, args.gpus_per_node), _describe(args, setup)
     )
+    pending_exit(EXIT_OK)  # a reader that stops reading the report leaves it at that
     if args.format == "json":
         print(render.render_json(data))
     else:
         render.render_text(data, Console())
+    sys.stdout.flush()  # a broken pipe shows here, not in the flush at exit
     if args.plot:
         try:
             render.plot(data, Path(args.plot))

@@ -4,6 +4,7 @@
 - ``text``: the one line splitter (the parser's line numbers), offsets, indentation, block text;
 - ``filemodel``: ``FileModel`` with its scopes, bindings and call sites, name resolution;
 - ``flow``: loops, branches and autograd state around a site;
+- ``switches``: the feature flag (``if args.deepspeed:``) whose branch holds a site;
 - ``training``: roles (scaler, optimizer) and training events (``EventKind``);
 - ``tokens``: token-level loss and padding evidence; ``targets``: what a checkpoint call runs;
 - ``vocab``: every name list matched against code.
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
         runs_with,
         share_loop,
     )
+    from trainlint.model.switches import Switch, switch_of, switches_of
     from trainlint.model.syntax import (
         attr_name,
         block_of,
@@ -70,6 +72,7 @@ _HOME = {
     "LINE_BREAK": "text",
     "Scope": "filemodel",
     "Site": "filemodel",
+    "Switch": "switches",
     "Training": "training",
     "attr_name": "syntax",
     "block_of": "syntax",
@@ -102,6 +105,8 @@ _HOME = {
     "split_lines": "text",
     "standalone_call": "syntax",
     "string_value": "syntax",
+    "switch_of": "switches",
+    "switches_of": "switches",
     "walk": "syntax",
     "walk_scope": "syntax",
     "whole_lines": "text",
@@ -125,6 +130,7 @@ __all__ = [
     "Frame",
     "Scope",
     "Site",
+    "Switch",
     "Training",
     "attr_name",
     "block_of",
@@ -157,6 +163,8 @@ __all__ = [
     "split_lines",
     "standalone_call",
     "string_value",
+    "switch_of",
+    "switches_of",
     "walk",
     "walk_scope",
     "whole_lines",

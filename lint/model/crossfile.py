@@ -361,7 +361,8 @@ def checkpoint_wrapper(
     if fact is None or fact.kind != "function":
         return None
     params = {p[0]: p[1] for p in fact.facts["params"]}
-    names = [p[0] for p in fact.facts["params"]]
+    keyword_only = fact.facts.get("keyword_only", ())
+    names = [p[0] for p in fact.facts["params"] if p[0] not in keyword_only]
     if names and names[0] == "self" and "." in fact.name:
         names = names[1:]
     for inner in fact.facts["calls"]:

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainlint.model.index_imports import import_targets, may_receive_scaler, receives_scaler
+from trainlint.model.index_memory import Shelf
 from trainlint.model.stamps import (
     answer_digest,
     collector_paused,
@@ -40,7 +42,7 @@ from trainlint.model.stamps import (
     stat_stamp,
     write_atomic,
 )
-from trainlint.model.summary import Summary, outline, summarize
+from trainlint.model.summary import Summary, instance_calls, outline, summarize
 
 ROOT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
 _SKIP_DIRS = frozenset(
@@ -81,7 +83,7 @@ class ProjectIndex:
     def __init__(self, root: Path, store: Path | None = None) -> None:
         self.root = root
         self.store = store
-        self._by_hash: dict[str, Summary | None] = {}
+        self._by_hash = Shelf()  # text digest -> summary (the latest as data, the rest as JSON text)
         self._by_stat: dict[str, tuple[tuple[int, int], str]] = {}
         self._listings: dict[str, tuple[int, frozenset[str]]] = {}
         self._facts_digests: dict[str, str] = {}
@@ -256,9 +258,10 @@ class ProjectIndex:
         except OSError:
             return None
         # an unchanged file (same size and modification time) is not read again
-        seen = self._by_stat.get(str(path))
-        if seen is not None and seen[0] == (stat.st_mtime_ns, stat.st_size):
-            return self._by_hash.get(seen[1])
+        seen, stamp = self._by_stat.get(str(path)), (stat.st_mtime_ns, stat.st_size)
+        if seen is not None and seen[0] == stamp:
+            held = mentioning is None or self._by_hash.may_mention(seen[1], mentioning)
+            return self._by_hash.get(seen[1]) if held else None  # (a text without the word: not decoded)
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError, ValueError):
@@ -266,7 +269,7 @@ class ProjectIndex:
         if mentioning is not None and mentioning not in text:
             return None
         summary = self.summary_of(text)
-        self._by_stat[str(path)] = ((stat.st_mtime_ns, stat.st_size), self._digest(text))
+        self._by_stat[str(path)] = (stamp, self._digest(text))
         return summary
 
     def facts_digest(self, path: Path) -> str:
@@ -300,31 +303,35 @@ class ProjectIndex:
         """The summary of a text; ``tree`` (CPython's tree of that text, where the caller has it)
         spares parsing it again."""
         digest = self._digest(text)
-        if digest not in self._by_hash:
-            self._by_hash[digest] = self._stored(digest, text, tree)
-        return self._by_hash[digest]
+        if digest in self._by_hash:
+            return self._by_hash.get(digest)
+        summary, packed = self._stored(digest, text, tree)
+        self._by_hash.put(digest, summary, packed)
+        return summary
 
     def outline_of(self, text: str, tree: ast.Module | None = None) -> Summary | None:
         """The text's ``imports`` and module-level function ``params``: from its summary when at hand,
         else from its tree (``summary.outline``), with no walk of every body."""
         digest = self._digest(text)
         if digest in self._by_hash:
-            return self._by_hash[digest]
+            return self._by_hash.get(digest)
         with collector_paused():
             return outline(text, tree)
 
-    def _stored(self, digest: str, text: str, tree: ast.Module | None = None) -> Summary | None:
+    def _stored(self, digest: str, text: str, tree: ast.Module | None) -> tuple[Summary | None, str | None]:
+        """The summary of a text, from the store or made (and stored), with its JSON text if made."""
         with collector_paused():
             if self.store is None:
-                return summarize(text, tree)
+                return summarize(text, tree), None
             entry = self.store / digest[:2] / f"{digest}.json"
             try:
-                return json.loads(entry.read_text(encoding="utf-8"))["summary"]
+                return json.loads(entry.read_text(encoding="utf-8"))["summary"], None
             except (OSError, ValueError, KeyError, TypeError, RecursionError):
                 pass  # absent or damaged: summarise afresh
             summary = summarize(text, tree)
-        write_atomic(entry, json.dumps({"summary": summary}))
-        return summary
+        packed = json.dumps(summary)
+        write_atomic(entry, f'{{"summary": {packed}}}')  # (``json.dumps({"summary": summary})``)
+        return summary, packed
 
     def all_files(self) -> list[Path]:
         """Every ``.py`` file under the root (virtual environments, caches and builds skipped). Walked
@@ -632,7 +639,7 @@ class Project:
             if not imported:
                 continue
             for key, facts in summary["functions"].items():
-                callees = imported if not owner else _instance_calls(summary, key, imported, method)
+                callees = imported if not owner else instance_calls(summary, key, imported, method)
                 out.extend((str(file), call) for call in facts["calls"] if call["callee"] in callees)
         return out
 
@@ -699,8 +706,11 @@ def _dependencies(
     answer = recorded_answer(record, "text", digest)
     if answer is not None or recorded_only:
         return answer
-    own = index.outline_of(text)
-    imports = sorted(own["imports"].values()) if own else []
+    # the import statements read in place, not the whole file parsed (a cold run keys every file
+    # before it lints one); parsed when a function may receive a GradScaler (its params count)
+    targets = None if may_receive_scaler(text) else import_targets(text)
+    own = index.outline_of(text) if targets is None else {"imports": {}, "functions": {}}
+    imports = sorted(set(own["imports"].values())) if targets is None and own else targets or []
     scaler = [
         name
         for name, facts in sorted(own["functions"].items() if own else ())
@@ -778,19 +788,3 @@ def _file_stamp(index: ProjectIndex, file: Path) -> tuple[int, int]:
     except OSError:
         return (-1, -1)
     return (info.st_mtime_ns, info.st_size)
-
-
-def _instance_calls(summary: Summary, function: str, classes: set[str], method: str) -> set[str]:
-    """The callees ``self.x.method`` in the method ``function`` (``Class.name``) of a class whose
-    ``self.x`` is assigned an instance of one of ``classes`` (local names) in any of its methods."""
-    owner = function.split(".")[0] if "." in function else None
-    facts = summary["classes"].get(owner) if owner else None
-    if facts is None:
-        return set()
-    return {f"self.{label}.{method}" for label, made in facts["submodules"].items() if made[0] in classes}
-
-
-def receives_scaler(param: list[Any]) -> bool:
-    """A parameter that holds a GradScaler by its annotation or its name."""
-    name, _default, annotation = param
-    return (annotation or "").endswith("GradScaler") or "scaler" in name.lower()

@@ -13,7 +13,8 @@ locations in other files.
   whether a scaled backward/an unscale precede them in the function), ``returns_half`` (a local module
   converted to 16-bit and returned: its tuple position, the tuple's length, where, the parameter of an
   ``if`` guarding the conversion), ``returns_cls`` (a classmethod returns ``cls(...)``, maybe after
-  passing it through ``cls.method``: an alternative constructor);
+  passing it through ``cls.method``: an alternative constructor), ``keyword_only`` (the params after
+  ``*``, where there are some);
 - ``classes``: bases, ``batchnorm``/``dropout`` submodules (``self.x = ...``, ``add_module``), the
   effects its ``forward`` has (global or registry writes, collectives), and ``init_may_convert``
   (``__init__`` converts ``self`` or passes a submodule to an imported function).
@@ -39,7 +40,8 @@ _AUX_TRACKER = re.compile(
 )
 
 
-def _dotted(node: ast.AST | None) -> str | None:
+def ast_dotted(node: ast.AST | None) -> str | None:
+    """``a.b.c`` for a Name/Attribute chain of CPython's tree, else None."""
     parts: list[str] = []
     while isinstance(node, ast.Attribute):
         parts.append(node.attr)
@@ -61,7 +63,7 @@ def _literal(node: ast.AST | None) -> Any:
     try:
         value = ast.literal_eval(node)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        name = _dotted(node)
+        name = ast_dotted(node)
         return {"name": name} if name else {"expr": True}
     return value if isinstance(value, bool | int | float | str) or value is None else {"expr": True}
 
@@ -74,7 +76,7 @@ def _is_half_call(call: ast.Call) -> bool:
         return True
     if call.func.attr == "to":
         dtypes = [*call.args, *(k.value for k in call.keywords if k.arg == "dtype")]
-        return any((_dotted(d) or "").endswith(_HALF_DTYPES) for d in dtypes)
+        return any((ast_dotted(d) or "").endswith(_HALF_DTYPES) for d in dtypes)
     return False
 
 
@@ -85,6 +87,23 @@ def _root(node: ast.AST) -> str | None:
 
 
 _FIELDS: dict[type, tuple[str, ...]] = {}
+# fields that hold a name or a number, never a node: not looked into (``ctx``: Load/Store, no fact)
+_SCALAR_FIELDS = frozenset(
+    {
+        "ctx",
+        "id",
+        "attr",
+        "arg",
+        "asname",
+        "module",
+        "level",
+        "kind",
+        "conversion",
+        "type_comment",
+        "is_async",
+        "simple",
+    }
+)
 
 
 def _children(node: ast.AST) -> list[ast.AST]:
@@ -92,7 +111,7 @@ def _children(node: ast.AST) -> list[ast.AST]:
     at, and without its two generators' cost: the index walks every function of every file it reads."""
     fields = _FIELDS.get(type(node))
     if fields is None:
-        fields = _FIELDS[type(node)] = tuple(f for f in node._fields if f != "ctx")
+        fields = _FIELDS[type(node)] = tuple(f for f in node._fields if f not in _SCALAR_FIELDS)
     out: list[ast.AST] = []
     for name in fields:
         value = getattr(node, name, None)
@@ -100,6 +119,22 @@ def _children(node: ast.AST) -> list[ast.AST]:
             out.append(value)
         elif isinstance(value, list):
             out += [item for item in value if isinstance(item, ast.AST)]
+    return out
+
+
+# nodes with no child a fact reads (their ``ctx`` aside): the walks that look for statements and calls
+# neither list nor open them (half the nodes of a typical body): names, constants, operators
+_LEAVES = frozenset(
+    {ast.Name, ast.Constant}
+    | {kind for base in (ast.operator, ast.cmpop, ast.unaryop, ast.boolop) for kind in base.__subclasses__()}
+)
+
+
+def _branches(node: ast.AST) -> list[ast.AST]:
+    """``_walk`` without the leaves (``_LEAVES``), in the same order."""
+    out = [node]
+    for item in out:  # (the list grows while it is read: a queue)
+        out += [child for child in _children(item) if type(child) not in _LEAVES]
     return out
 
 
@@ -137,12 +172,12 @@ def _params(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[list[Any]]:
 def _annotation(node: ast.AST | None) -> str | None:
     """An annotation's dotted name; ``X`` for ``Optional[X]`` and ``X | None`` (an updater's
     ``grad_scaler: Optional[GradScaler] = None``)."""
-    if isinstance(node, ast.Subscript) and _dotted(node.value) in ("Optional", "typing.Optional"):
-        return _dotted(node.slice)
+    if isinstance(node, ast.Subscript) and ast_dotted(node.value) in ("Optional", "typing.Optional"):
+        return ast_dotted(node.slice)
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
         sides = [n for n in (node.left, node.right) if not (isinstance(n, ast.Constant) and n.value is None)]
-        return _dotted(sides[0]) if len(sides) == 1 else None
-    return _dotted(node)
+        return ast_dotted(sides[0]) if len(sides) == 1 else None
+    return ast_dotted(node)
 
 
 class _Function:
@@ -154,6 +189,8 @@ class _Function:
         params = self.params = _params(node)
         self.names = {p[0] for p in params}
         self.facts: dict[str, Any] = {"line": node.lineno, "params": params, "half": {}, "calls": []}
+        if node.args.kwonlyargs:  # (after ``*``/``*args``: no positional argument reaches them)
+            self.facts["keyword_only"] = [a.arg for a in node.args.kwonlyargs]
         # a local module converted to 16-bit: name -> [line, column, the parameter guarding it or None]
         self.converted: dict[str, list[Any]] = {}
         self._guards: dict[int, str] | None = None  # read only for a converted local: rare
@@ -167,11 +204,14 @@ class _Function:
         return self._guards.get(id(node))
 
     def body_nodes(self) -> list[ast.AST]:
-        """The function's own nodes in source order, not those of nested defs and classes."""
+        """The function's own nodes in source order, not those of nested defs and classes, nor the
+        leaves (``_LEAVES``: no fact is read from a name or a constant alone)."""
         out: list[ast.AST] = []
         stack: list[ast.AST] = list(reversed(self.node.body))
         while stack:
             node = stack.pop()
+            if type(node) in _LEAVES:
+                continue
             out.append(node)
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
                 continue
@@ -196,7 +236,7 @@ class _Function:
             ):
                 self.values.setdefault(node.targets[0].id, []).append(node.value)
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
-                callee = _dotted(node.value.func)
+                callee = ast_dotted(node.value.func)
                 for target in node.targets:
                     if isinstance(target, ast.Name) and callee:
                         assigned[target.id] = callee
@@ -232,7 +272,7 @@ class _Function:
                     and recv.func.attr == "scale"
                 ):
                     scaled.append(_where(node))
-                name = _dotted(inner)
+                name = ast_dotted(inner)
                 if name:
                     backward_of.setdefault(name, _where(node))
             elif func.attr == "unscale_":
@@ -249,7 +289,7 @@ class _Function:
                 where = _converts_data(callback) if callback is not None else None
                 if root in self.names and where is not None:
                     facts["half"].setdefault(root, _where(node))
-        callee = _dotted(func)
+        callee = ast_dotted(func)
         if callee is None:
             return
         line = node.lineno
@@ -257,8 +297,8 @@ class _Function:
             {
                 "callee": callee,
                 "at": _where(node),
-                "args": [_dotted(a) for a in node.args],
-                "keywords": {k.arg: _dotted(k.value) for k in node.keywords if k.arg},
+                "args": [ast_dotted(a) for a in node.args],
+                "keywords": {k.arg: ast_dotted(k.value) for k in node.keywords if k.arg},
                 "after_scaled_backward": any(s[0] < line for s in scaled),
                 "after_unscale": any(u[0] < line for u in unscaled),
             }
@@ -272,11 +312,13 @@ class _Function:
                 position = index if isinstance(value, ast.Tuple) else -1
                 half = self.facts.setdefault("returns_half", [])
                 half.append([position, len(elements), *self.converted[element.id]])
-        name = _dotted(value)
+        name = ast_dotted(value)
         # ``model = cls(...)``, maybe post-processed (``model = cls.init_weights(model)``), returned
         made = [name] if name else []
-        if isinstance(value, ast.Call) and (_dotted(value.func) or "").split(".")[0] == "cls":
-            made = ["cls"] if _dotted(value.func) == "cls" else [_dotted(a) or "" for a in value.args[:1]]
+        if isinstance(value, ast.Call) and (ast_dotted(value.func) or "").split(".")[0] == "cls":
+            made = (
+                ["cls"] if ast_dotted(value.func) == "cls" else [ast_dotted(a) or "" for a in value.args[:1]]
+            )
         if any(m == "cls" or m in self.made_by_cls for m in made):
             self.facts["returns_cls"] = True
         # ``loss, parts = criterion(...)``: the parts come out of the same graph as the loss
@@ -291,7 +333,7 @@ class _Function:
         if divided is not None:
             self.facts.setdefault("returns_divided_token_mean", _where(divided))
         if isinstance(value, ast.Call):
-            callee = _dotted(value.func)
+            callee = ast_dotted(value.func)
         else:
             callee = assigned.get(name or "")
         if callee:
@@ -322,14 +364,14 @@ def _divided_token_mean(value: ast.AST, values: dict[str, list[ast.AST]]) -> ast
         value = values[value.id][-1]
     if not (isinstance(value, ast.BinOp) and isinstance(value.op, ast.Div)):
         return None
-    count = (_dotted(value.right) or "").rsplit(".", 1)[-1].lower()
+    count = (ast_dotted(value.right) or "").rsplit(".", 1)[-1].lower()
     if "accum" not in count or any(w in count for w in ("token", "loss", "sum")):
         return None
     loss = value.left
     if isinstance(loss, ast.Name) and values.get(loss.id):
         loss = values[loss.id][0]
     if not (
-        isinstance(loss, ast.Call) and (_dotted(loss.func) or "").endswith(("cross_entropy", "nll_loss"))
+        isinstance(loss, ast.Call) and (ast_dotted(loss.func) or "").endswith(("cross_entropy", "nll_loss"))
     ):
         return None
     keywords = {k.arg: k.value for k in loss.keywords}
@@ -398,32 +440,40 @@ def _class_facts(node: ast.ClassDef) -> dict[str, Any]:
     for item in node.body:
         if not isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
             continue
-        walked = _walk(item)
+        # (the other methods give submodules only, made by calls: their names need no visit)
+        walked = _walk(item) if item.name == "forward" else _branches(item)
         # (globals matter to ``forward``'s effects only)
         declared_global = (
             {n for s in walked if isinstance(s, ast.Global) for n in s.names}
             if item.name == "forward"
             else set()
         )
+        # a container ``forward`` binds itself (``out = {}; out["a"] = y``) is no registry
+        bound_here = (
+            {s.id for s in walked if isinstance(s, ast.Name) and isinstance(s.ctx, ast.Store)}
+            - declared_global
+            if item.name == "forward"
+            else set()
+        )
         for sub in walked:
             made = _made(sub.value) if isinstance(sub, ast.Assign) else None
             if isinstance(sub, ast.Assign) and made is not None:
-                callee = _dotted(made.func)
+                callee = ast_dotted(made.func)
                 for target in sub.targets:
-                    name = _dotted(target)
+                    name = ast_dotted(target)
                     if callee and name and name.startswith("self.") and name.count(".") == 1:
                         submodules.setdefault(name[5:], [callee, *_where(made), _track_stats(made)])
             elif isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute):
                 if sub.func.attr == "add_module" and len(sub.args) == 2 and isinstance(sub.args[1], ast.Call):
                     label = sub.args[0].value if isinstance(sub.args[0], ast.Constant) else "?"
-                    callee = _dotted(sub.args[1].func)
+                    callee = ast_dotted(sub.args[1].func)
                     if callee:
                         submodules.setdefault(
                             str(label), [callee, *_where(sub.args[1]), _track_stats(sub.args[1])]
                         )
             if item.name != "forward":
                 continue
-            if isinstance(sub, ast.Call) and (callee := _dotted(sub.func)):
+            if isinstance(sub, ast.Call) and (callee := ast_dotted(sub.func)):
                 calls.append([callee, *_where(sub)])
                 if _AUX_TRACKER.search(callee.rsplit(".", 1)[-1]):
                     effects.append([f"records an auxiliary loss with `{callee}`", *_where(sub)])
@@ -437,11 +487,15 @@ def _class_facts(node: ast.ClassDef) -> dict[str, Any]:
                 for target in sub.targets if isinstance(sub, ast.Assign) else [sub.target]:
                     if isinstance(target, ast.Name) and target.id in declared_global:
                         effects.append([f"writes the global `{target.id}`", *_where(sub)])
-                    elif isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name):
+                    elif (
+                        isinstance(target, ast.Subscript)
+                        and isinstance(target.value, ast.Name)
+                        and target.value.id not in bound_here
+                    ):
                         effects.append([f"writes to `{target.value.id}[...]`", *_where(sub)])
     return {
         "line": node.lineno,
-        "bases": [b for b in (_dotted(base) for base in node.bases) if b],
+        "bases": [b for b in (ast_dotted(base) for base in node.bases) if b],
         "submodules": submodules,
         "forward_effects": effects,
         "forward_calls": calls,
@@ -453,7 +507,7 @@ def _made(value: ast.AST) -> ast.Call | None:
     nn.Identity()`` that is not the placeholder."""
     if isinstance(value, ast.IfExp):
         options = [v for v in (value.body, value.orelse) if isinstance(v, ast.Call)]
-        real = [v for v in options if not (_dotted(v.func) or "").endswith("Identity")]
+        real = [v for v in options if not (ast_dotted(v.func) or "").endswith("Identity")]
         return (real or options or [None])[0]
     return value if isinstance(value, ast.Call) else None
 
@@ -572,3 +626,13 @@ def outline(text: str, tree: ast.Module | None = None) -> Summary | None:
                 if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
                     functions[f"{node.name}.{item.name}"] = {"params": _params(item)}
     return {"imports": _imports(tree), "functions": functions}
+
+
+def instance_calls(summary: Summary, function: str, classes: set[str], method: str) -> set[str]:
+    """The callees ``self.x.method`` in the method ``function`` (``Class.name``) of a class whose
+    ``self.x`` is assigned an instance of one of ``classes`` (local names) in any of its methods."""
+    owner = function.split(".")[0] if "." in function else None
+    facts = summary["classes"].get(owner) if owner else None
+    if facts is None:
+        return set()
+    return {f"self.{label}.{method}" for label, made in facts["submodules"].items() if made[0] in classes}

@@ -331,3 +331,6 @@ FSDP_MIXED_PRECISION = frozenset(
         "torch.distributed.fsdp._fully_shard.MixedPrecisionPolicy",
     }
 )
+# The word in a flag that selects DeepSpeed's code path (TL504): `if args.deepspeed:`,
+# `if not self.use_deepspeed:`.
+DEEPSPEED_SWITCH = "deepspeed"

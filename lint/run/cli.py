@@ -9,6 +9,8 @@ import os
 import sys
 from pathlib import Path
 
+from trainlint.procs import discard_stderr, pending_exit
+
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 PYTHONS = ("python", "python3")
 
@@ -81,14 +83,27 @@ def main(argv: list[str]) -> int:
         if args.steps is not None and args.steps < 1:
             raise UsageError(f"--steps must be at least 1, got {args.steps}")
     except UsageError as exc:
-        print(f"trainlint run: error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+        return _error(str(exc))
     except SystemExit as exc:  # --help
         return exc.code if isinstance(exc.code, int) else EXIT_CLEAN
     if importlib.util.find_spec("torch") is None:
-        print('trainlint run: error: needs PyTorch: pip install "trainlint[verify]"', file=sys.stderr)
-        return EXIT_ERROR
+        return _error('needs PyTorch: pip install "trainlint[verify]"')
     return _lint_run_report(target, args)
+
+
+def _error(message: str) -> int:
+    """One line on stderr; the exit code holds when nobody reads it (``2>&1 | true``)."""
+    code = pending_exit(EXIT_ERROR)
+    print(f"trainlint run: error: {message}", file=sys.stderr)
+    return code
+
+
+def _note(message: str) -> None:
+    """A line on stderr about the run; when nobody reads stderr any more the run goes on without it."""
+    try:
+        print(f"trainlint run: {message}", file=sys.stderr)
+    except BrokenPipeError:
+        discard_stderr()
 
 
 def _lint_run_report(target, args: argparse.Namespace) -> int:
@@ -104,12 +119,11 @@ def _lint_run_report(target, args: argparse.Namespace) -> int:
         try:
             static, errors = static_findings(folder)
         except ConfigError as exc:
-            print(f"trainlint run: error: {exc}", file=sys.stderr)
-            return EXIT_ERROR
+            return _error(str(exc))
         for error in errors:
-            print(f"trainlint run: note: {error.get('path')}: {error['message']}", file=sys.stderr)
+            _note(f"note: {error.get('path')}: {error['message']}")
     shown = target.script or f"-m {target.module}"
-    print(f"trainlint run: executing {shown} in this process, with torch instrumented", file=sys.stderr)
+    _note(f"executing {shown} in this process, with torch instrumented")
     monitor = Monitor(max_steps=args.steps)
     # JSON and SARIF must be alone on stdout: the script's own prints go to stderr then
     quiet = contextlib.redirect_stdout(sys.stderr) if args.format != "text" else contextlib.nullcontext()
@@ -118,7 +132,10 @@ def _lint_run_report(target, args: argparse.Namespace) -> int:
     ran = {display(path) for path in outcome.loaded}
     reached = [f for f in static if f.path in ran]
     joined = join(reached, list(monitor.observations.values()))
+    failed = outcome.ended in ("raised", "exited")
+    # (set before the report: a reader that stops reading it leaves the run's exit code as it is)
+    code = pending_exit(EXIT_FINDINGS if failed or any(j.observation for j in joined) else EXIT_CLEAN)
     sys.stdout.flush()
     render(joined, outcome, monitor.steps, args.format, unloaded=len(static) - len(reached))
-    failed = outcome.ended in ("raised", "exited")
-    return EXIT_FINDINGS if failed or any(j.observation for j in joined) else EXIT_CLEAN
+    sys.stdout.flush()  # a broken pipe shows here, not in the flush at exit
+    return code

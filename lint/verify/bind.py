@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from trainlint.model import FileModel, dotted, walk
-from trainlint.verify.source import Carry, NotExecutable, analyse_names, code_of, indent, is_literal
+from trainlint.verify.source import Carry, NotExecutable, analyse_names, code_of, indent, is_literal, parents
 
 NN_PREFIXES = ("torch.nn.", "torch.nn.modules.")
 # attributes every nn.Module has: never built as stand-ins
@@ -77,11 +77,7 @@ ITERATING_CALLS = frozenset({"enumerate", "zip", "len", "list", "reversed", "ite
 
 
 def parent_map(node: cst.CSTNode) -> dict[int, cst.CSTNode]:
-    out: dict[int, cst.CSTNode] = {}
-    for n in walk(node):
-        for child in n.children:
-            out[id(child)] = n
-    return out
+    return parents(node)  # syntax nodes only: libcst's ``children`` is slow
 
 
 LIST_METHODS = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "index", "count"})

@@ -21,9 +21,9 @@ from trainlint.verify.source import NotExecutable, Tree
 @contextlib.contextmanager
 def _visitor_methods_cached() -> Iterator[None]:
     """While probes are built, libcst finds each metadata provider's ``visit_*``/``leave_*`` methods
-    once per class instead of with ``inspect.getmembers`` on every resolve: a third of the snippets'
-    scope analysis (``source.analyse_names``, 155 snippets for fixtures/). Same methods: providers
-    define them on their class, never on an instance."""
+    once per class instead of with ``inspect.getmembers`` on every resolve: a third of a snippet's
+    scope analysis on libcst (``source.analyse_names_cst``, now only where the ``ast`` version cannot
+    answer). Same methods: providers define them on their class, never on an instance."""
     from libcst import BatchableCSTVisitor
 
     real = BatchableCSTVisitor.get_visitors

@@ -230,13 +230,20 @@ class _Channel:
         return got
 
 
-def _watch(proc: subprocess.Popen, channel: _Channel, timeout: float, total: float) -> tuple[int | None, str]:
-    """Wait for the child; kill it when one probe runs past ``timeout`` (plus a grace period, for
-    a probe whose own alarm could not fire) or the whole batch past ``total``."""
+def _watch(
+    proc: subprocess.Popen, channel: _Channel, timeout: float, total: float, probes: list[dict[str, Any]]
+) -> tuple[int | None, str | None]:
+    """Wait for the child until every probe has its result or the child ends; kill it when one probe
+    runs past ``timeout`` (plus a grace period, for a probe whose own alarm could not fire) or the
+    whole batch past ``total``. ``(None, None)``: every result is in."""
     started = time.monotonic()
     probe_started = None
     while True:
         arrived = channel.read(POLL_S)
+        if arrived and _all_results(bytes(channel.data), probes):
+            # the caller kills the child: its exit (the workers' shutdown, torch's teardown) took
+            # 0.5-2 s, all of it after the last result
+            return None, None
         code = proc.poll()
         if code is not None:
             channel.read(0)
@@ -251,6 +258,14 @@ def _watch(proc: subprocess.Popen, channel: _Channel, timeout: float, total: flo
             return None, f"the verify child process did not start within {STARTUP_S:g}s"
         if now - started > total:
             return None, f"the snippet did not finish within {timeout:g}s and was killed"
+
+
+def _all_results(data: bytes, probes: list[dict[str, Any]]) -> bool:
+    """Whether the child has sent a valid result for the last probe (results come in probe order)."""
+    if not probes or data.count(b"\n") < 2 * len(probes):
+        return False
+    found, started, _ = parse_results(data, probes)
+    return started == len(probes) and probes[-1]["id"] in found
 
 
 def parse_results(data: bytes, probes: list[dict[str, Any]]) -> tuple[dict[str, dict], int, set[str]]:
@@ -422,7 +437,7 @@ def _run_batch(
     try:
         child.release({"device": device, "timeout": timeout, "probes": probes})
         try:
-            code, why = _watch(child.proc, child.channel, timeout, child.total)
+            code, why = _watch(child.proc, child.channel, timeout, child.total, probes)
         finally:
             child.stop()
         found, started, broken = parse_results(bytes(child.channel.data), probes)

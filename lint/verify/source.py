@@ -16,8 +16,10 @@ from pathlib import Path
 import libcst as cst
 from libcst.metadata import ExpressionContext, ExpressionContextProvider, MetadataWrapper, ScopeProvider
 
-from trainlint.model import FileModel, Site, dotted, walk
+from trainlint.model import FileModel, Site, children, dotted, walk
 from trainlint.rule import Finding
+from trainlint.verify import free_names
+from trainlint.verify.free_names import Names
 
 
 class NotExecutable(Exception):
@@ -74,12 +76,14 @@ def _why_no_call_site(model: FileModel, span: tuple[int, int, int, int], line: i
 # scopes, blocks and statements
 
 
-def parents(module: cst.Module) -> dict[int, cst.CSTNode]:
+def parents(root: cst.CSTNode) -> dict[int, cst.CSTNode]:
+    """The parent of every syntax node below ``root`` (by id). Whitespace, comment and punctuation
+    nodes are left out: libcst's ``children`` rebuilds them all and cost a sixth of building probes."""
     out: dict[int, cst.CSTNode] = {}
-    stack: list[cst.CSTNode] = [module]
+    stack: list[cst.CSTNode] = [root]
     while stack:
         node = stack.pop()
-        for child in node.children:
+        for child in children(node):
             out[id(child)] = node
             stack.append(child)
     return out
@@ -161,18 +165,18 @@ def indent(code: str, prefix: str = "    ") -> str:
 # free names
 
 
-@dataclass
-class Names:
-    free: list[str]  # names read before any assignment in the snippet, in order of first use
-    assigned: set[str]
-    attrs: list[str]  # dotted chains (``args.max_norm``) whose head is free
-
-
 @functools.lru_cache(maxsize=4096)
 def analyse_names(code: str) -> Names:
     """Which names a snippet of statements reads without binding them first (order-aware for the
     top level: ``loss = loss / n`` needs ``loss`` from outside). Cached: treat the result as
-    read-only."""
+    read-only. Answered on CPython's ``ast`` (``free_names``), and by libcst's scope analysis where
+    that module cannot be sure to answer the same."""
+    return free_names.analyse(code) or analyse_names_cst(code)
+
+
+def analyse_names_cst(code: str) -> Names:
+    """``analyse_names`` on libcst's scope and expression-context metadata: the reference the ``ast``
+    version follows, and its fallback."""
     module = cst.parse_module(code)
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     scopes = wrapper.resolve(ScopeProvider)

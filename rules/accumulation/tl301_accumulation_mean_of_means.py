@@ -76,6 +76,12 @@ class AccumulationMeanOfMeans(Rule):
     # the token mean may come from another project file (a helper, a base class's method: no padding
     # word need show here), or a loss class there divides it by the accumulation steps (no division here)
     project_requires = (requires[0], requires[2])
+    # In the code: the backward that the loss class's result or the division reaches (a call of it, or
+    # of this file's function that runs one), or the loss function that returns the division to
+    # callers elsewhere (`forward`, `__call__`, a name with "loss": ``_returned_by_a_loss``).
+    project_gate = (
+        ("call:backward", "call:manual_backward", "def:forward", "def:__call__", "def~(?i:loss)"),
+    )
 
     @classmethod
     def wants_fact(cls, kind: str, facts: dict[str, Any]) -> bool:

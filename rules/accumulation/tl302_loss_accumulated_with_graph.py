@@ -45,12 +45,11 @@ class LossAccumulatedWithGraph(Rule):
     BACKWARD = "backward"
     summary = "A running loss total keeps every iteration's autograd graph alive."
     # Prefilter: a backward call (``call_pattern``) and an addition to a total (`+=`, `t = t + x`,
-    # `.append(x)`). Nothing else it needs shows in the text: this stays as broad as backward calls.
+    # `.append(x)`); in the code (``gate``), the call (a helper of this file that runs one holds one)
+    # and the addition in a `for`/`while` statement, which every finding is, the cross-file ones too.
     tokens = ("backward",)
-    requires = (
-        call_pattern("backward"),
-        ("+", "append"),
-    )
+    requires = (call_pattern("backward"), ("+", "append"))
+    gate = (("call:backward", "call:manual_backward"), ("loop:+=", "loop:append"))
     # a helper of another project file (or a base class's method there) may run the backward of the
     # loss it returns (`loss = step(b)`, `total += self.train_step(b)`)
     project_requires = (
@@ -58,6 +57,7 @@ class LossAccumulatedWithGraph(Rule):
         ("for", "while"),
         re.compile(r"loss\w*\s*=\s*[\w.]+\(|(\+=|\bappend\()\s*[\w.]+\("),
     )
+    project_gate = gate[1:]
 
     @classmethod
     def wants_fact(cls, kind: str, facts: dict[str, Any]) -> bool:

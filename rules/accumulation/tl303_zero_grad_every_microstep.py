@@ -58,6 +58,9 @@ class ZeroGradEveryMicrostep(Rule):
         call_pattern("backward"),
         ("%", "sync_gradients", "==", ">="),
     )
+    # In the code: the zero_grad call, and the step call under an accumulation condition (an `if`
+    # statement), the events it reports.
+    gate = (("call:zero_grad",), ("if:step",))
     has_fix = True
     doc = RuleDoc(
         what=(

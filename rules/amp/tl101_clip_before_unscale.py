@@ -59,6 +59,16 @@ class ClipBeforeUnscale(Rule):
     # An updater in another file than the scaled backward: the clip and the scaler's step are here.
     project_requires = (("clip_grad",), ("utils",), ("step",), method_call_pattern("step"))
     project_callers = True
+    # In the code: a call of torch's clip function (by its name, or a name bound to it), and the
+    # scaled backward and scaler step calls (events).
+    _CLIP_CALLED = tuple(
+        f"{kind}:{name}"
+        for kind in ("call", "alias")
+        for name in ("clip_grad_norm_", "clip_grad_value_", "clip_grads_with_norm_", "clip_grad_norm")
+    )
+    gate = (_CLIP_CALLED, ("call:scale",), ("call:backward",), ("call:step",))
+    # every finding, the cross-file ones too, is about a clip and a later scaler step of this file
+    project_gate = (_CLIP_CALLED, ("call:step",))
     has_fix = True
     doc = RuleDoc(
         what=(

@@ -39,6 +39,8 @@ class ScalerUpdatePerMicrostep(Rule):
         method_call_pattern("step"),
         method_call_pattern("scale", or_tokens=("GradScaler",)),
     )
+    # In the code: the scaler's update and step calls (events).
+    gate = (("call:update",), ("call:step",))
     doc = RuleDoc(
         what=(
             "Reports `scaler.update()` that runs on every iteration of a loop in which "

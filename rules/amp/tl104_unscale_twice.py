@@ -44,6 +44,8 @@ class UnscaleTwice(Rule):
         method_call_pattern("unscale_"),
         method_call_pattern("scale", or_tokens=("GradScaler",)),
     )
+    # In the code: the scaler's unscale_ calls (events).
+    gate = (("call:unscale_",),)
     has_fix = True
     doc = RuleDoc(
         what=(

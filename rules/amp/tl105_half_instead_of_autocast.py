@@ -71,6 +71,23 @@ class HalfInsteadOfAutocast(Rule):
     project_requires = requires
     CONVERSION = "conversion"
 
+    # In the code: the `x.parameters()`/`x.named_parameters()` call the optimizer's params come from,
+    # and the conversion (an event): `x.half()`, `x.bfloat16()` or `x.to(...)` with torch's 16-bit
+    # dtype (the last part of its name imported or read as an attribute).
+    gate = (
+        ("call:parameters", "call:named_parameters"),
+        ("call:half", "call:bfloat16", "call:to"),
+        ("call:half", "call:bfloat16", "ref:float16", "ref:half", "ref:bfloat16"),
+    )
+    # A conversion by another file's helper, loader or class still needs the optimizer here, over a
+    # `key.parameters()` call (``yields_parameters``) whose receiver is the converted module: an attribute
+    # read on something other than a bare `self` (`model.parameters()`, `self.net.parameters()`), or
+    # `self` itself, which a call can convert only when it is given `self` (`to_half(self)`) or assigns it.
+    project_gate = (
+        ("call:parameters", "call:named_parameters"),
+        ("ref:parameters", "ref:named_parameters", "bare:self"),
+    )
+
     @classmethod
     def wants_fact(cls, kind: str, facts: dict[str, Any]) -> bool:
         if kind == "class":

@@ -37,6 +37,8 @@ class BackwardInsideAutocast(Rule):
     # Every finding needs an autocast region and a `x.backward()` call (``method_call_pattern``).
     tokens = ("autocast",)
     requires = (("backward",), method_call_pattern("backward"))
+    # In the code: the backward call (an event).
+    gate = (("call:backward",),)
     has_fix = True
     doc = RuleDoc(
         what=(

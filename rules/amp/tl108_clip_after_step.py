@@ -46,6 +46,17 @@ class ClipAfterStep(Rule):
         method_call_pattern("backward"),
         method_call_pattern("step"),
     )
+    # In the code: a call of torch's clip function (by its name, or a name bound to it), and the
+    # backward and step calls (events).
+    gate = (
+        tuple(
+            f"{kind}:{name}"
+            for kind in ("call", "alias")
+            for name in ("clip_grad_norm_", "clip_grad_value_", "clip_grads_with_norm_", "clip_grad_norm")
+        ),
+        ("call:backward",),
+        ("call:step",),
+    )
     doc = RuleDoc(
         what=(
             "Reports `torch.nn.utils.clip_grad_norm_` / `clip_grad_value_` that runs after "

@@ -43,6 +43,8 @@ class Fp16AutocastWithoutScaler(Rule):
         ("float16", "half", "cuda", "\\x", "\\u", "\\U", "\\N", "\\1", "\\\n", "\\\r"),
         method_call_pattern("backward"),
     )
+    # In the code: the backward call (an event).
+    gate = (("call:backward",),)
     doc = RuleDoc(
         what=(
             "Reports a plain `loss.backward()` whose loss was computed under fp16 autocast "

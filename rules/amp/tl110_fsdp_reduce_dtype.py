@@ -23,6 +23,18 @@ class FsdpReduceDtype(Rule):
     # spelled `float16`, `bfloat16` or `half` wherever it resolves to one.
     tokens = ("MixedPrecision",)
     requires = (("float16", "half"),)
+    # In the code: a call of the policy class (by its name, or a name bound to it), and torch's 16-bit
+    # dtype of `param_dtype` (the last part of its name imported or read as an attribute).
+    gate = (
+        (
+            "call:MixedPrecision",
+            "call:MixedPrecisionPolicy",
+            "alias:MixedPrecision",
+            "alias:MixedPrecisionPolicy",
+        ),
+        ("import:torch",),
+        ("ref:float16", "ref:half", "ref:bfloat16"),
+    )
     doc = RuleDoc(
         what=(
             "Reports FSDP's `MixedPrecision(...)` (FSDP1) or `MixedPrecisionPolicy(...)` (FSDP2) whose "

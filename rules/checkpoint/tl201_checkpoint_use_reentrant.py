@@ -27,12 +27,16 @@ class CheckpointUseReentrant(Rule):
     name = "checkpoint-use-reentrant"
     severity = Severity.WARNING
     probe = True
+    FACTORY = "factory"  # the related location: the factory's return of torch's checkpoint
     summary = "torch.utils.checkpoint called without an explicit use_reentrant= argument."
     # Every finding needs a name that resolves to torch.utils.checkpoint.checkpoint[_sequential]: its
     # parts `torch`, `utils` and `checkpoint` are all written in the file (call, import or assignment),
     # and `utils` after `.`, whitespace, `(` or `,` (in `torch.utils`, `from torch import (nn, utils)`).
     tokens = ("checkpoint",)
     requires = (("utils",), ("torch",), tuple(a + "utils" for a in ".\t\n\r\f (,"))
+    # The code must name torch's checkpoint function: the last part of ``torch.utils.checkpoint.checkpoint``
+    # is imported or read as an attribute (of anything but ``self``), from a ``torch`` import.
+    gate = (("ref:checkpoint", "ref:checkpoint_sequential"), ("import:torch",))
     has_fix = True
     doc = RuleDoc(
         what=(
@@ -296,5 +300,7 @@ class CheckpointUseReentrant(Rule):
                 "called without `use_reentrant=`: the implicit default is the deprecated reentrant "
                 "variant, which drops parameter gradients when no input requires grad; pass "
                 "`use_reentrant=False` when it is torch's.",
-                related=((returned, "the factory returns torch's checkpoint here", "factory"),),
+                related=(
+                    (returned, "the factory returns torch's checkpoint here", CheckpointUseReentrant.FACTORY),
+                ),
             )

@@ -27,6 +27,9 @@ class CheckpointReentrantExplicit(Rule):
     # Every finding needs torch's checkpoint (see TL201) and a `True` (the literal or a constant's value).
     tokens = ("use_reentrant",)
     requires = (("True",), ("utils",), ("torch",), tuple(a + "utils" for a in ".\t\n\r\f (,"))
+    # The code must name torch's checkpoint function: the last part of ``torch.utils.checkpoint.checkpoint``
+    # is imported or read as an attribute (of anything but ``self``), from a ``torch`` import.
+    gate = (("ref:checkpoint", "ref:checkpoint_sequential"), ("import:torch",))
     doc = RuleDoc(
         what="Reports `use_reentrant=True` passed to torch's checkpoint functions (a literal or a module constant).",
         why=(

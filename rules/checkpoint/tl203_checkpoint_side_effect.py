@@ -48,6 +48,9 @@ class CheckpointSideEffect(Rule):
     # Every finding needs torch's checkpoint (see TL201); the side effects have too many forms to require.
     tokens = ("checkpoint",)
     requires = (("utils",), ("torch",), tuple(a + "utils" for a in ".\t\n\r\f (,"))
+    # The code must name torch's checkpoint function: the last part of ``torch.utils.checkpoint.checkpoint``
+    # is imported or read as an attribute (of anything but ``self``), from a ``torch`` import.
+    gate = (("ref:checkpoint", "ref:checkpoint_sequential"), ("import:torch",))
     doc = RuleDoc(
         what=(
             "Finds the function passed to `torch.utils.checkpoint.checkpoint` (a def, a nested def, "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import libcst as cst
@@ -24,6 +25,7 @@ from trainlint.model import (
     keyword,
     positional,
     receiver,
+    walk,
 )
 from trainlint.model.crossfile import (
     Elsewhere,
@@ -65,6 +67,9 @@ class CheckpointRngNotPreserved(Rule):
     # the dropout too; what is left here is a call of the wrapper, whose name says "checkpoint" (not
     # one that saves or loads a checkpoint).
     project_requires = (re.compile(r"(?<!\w)(?!save_|load_|resume_)\w*checkpoint\w*\s*\("),)
+    # The same in the code, not in comments and docstrings: that wrapper's call (its callee's last
+    # name), or the `preserve_rng_state=` keyword that torch's `checkpoint_wrapper(...)` is given here.
+    project_gate = (("call~^(?!save_|load_|resume_)\\w*checkpoint", "name:preserve_rng_state"),)
 
     @classmethod
     def wants_fact(cls, kind: str, facts: dict[str, Any]) -> bool:
@@ -81,9 +86,11 @@ class CheckpointRngNotPreserved(Rule):
             "it) that the function calls or hands to a helper. Also reported at the call of another "
             "file's wrapper whose `preserve_rng_state` parameter defaults to False, and at torch's "
             "`checkpoint_wrapper(module, preserve_rng_state=False)` (its keywords reach the checkpoint) "
-            "when the module's class has a dropout, or, for a module of unknown class such as a loop "
-            "over the model's own blocks, when a block class of another project file that the file "
-            "imports has one (also `nn.Dropout(p) if p > 0 else nn.Identity()`)."
+            "when the module's class has a dropout (its own, or one of a submodule of another project "
+            "class, such as a residual stream's; also `nn.Dropout(p) if p > 0 else nn.Identity()`). For "
+            "a loop over the model's own blocks, the classes its container is built from count, or, when "
+            "they are not known, the block classes of other project files that the file imports, less "
+            "those an `if isinstance(block, C): raise ...` before the call rules out."
         ),
         why=(
             "Recomputation during backward draws new random numbers unless the RNG state is restored. "
@@ -414,20 +421,128 @@ def _module_randomness(
     model: FileModel, passed: cst.BaseExpression, site: Site
 ) -> tuple[str, Elsewhere | None] | None:
     """What draws random numbers in a wrapped module: the body it resolves to, the class it is an
-    instance of; for a module of unknown class (a loop over the model's blocks), a dropout in a class
-    of another project file that this file imports."""
+    instance of; for a loop over the model's blocks, the classes their container is built from, else
+    (not known) the classes of other project files that this file imports; less the classes an
+    ``isinstance`` test before the call rules out."""
     target = resolve_callable(model, passed, site.scope)
     if target is not None:
         bodies = [target, *(t for _, t in called_functions(model, target))]
         source = next((s for s in (_randomness(model, b) for b in bodies) if s), None)
         return (f"`{source}`", None) if source is not None else None
     fact = constructed_class(model, passed, site.scope)
-    facts = [fact] if fact is not None else _imported_classes(model)
-    for candidate in facts:
+    facts = [fact] if fact is not None else _walked_classes(model, passed, site.scope)
+    ruled_out = _ruled_out(model, passed, site)
+    for candidate in facts or _imported_classes(model):
+        if _is_ruled_out(model, candidate, ruled_out):
+            continue
         drawn = class_randomness(model, candidate)
         if drawn is not None:
             return f"the dropout of `{candidate.name}`, {drawn.path} line {drawn.line}", drawn
+        # one level down: a submodule of another project class (a residual stream with its dropout)
+        for label, (callee, *_where) in candidate.facts["submodules"].items():
+            inner = _project_class(model, candidate, callee)
+            drawn = class_randomness(model, inner) if inner is not None else None
+            if inner is not None and drawn is not None:
+                what = f"the dropout of `{candidate.name}.{label}`, a `{inner.name}`"
+                return f"{what}, {drawn.path} line {drawn.line}", drawn
     return None
+
+
+# a loop over these walks the container's modules: ``enumerate(self.blocks.values())``
+ELEMENT_METHODS = frozenset({"values", "children", "items"})
+PASS_THROUGH = frozenset({"builtins.enumerate", "builtins.list", "builtins.reversed", "builtins.tuple"})
+
+
+def _walked_classes(model: FileModel, expr: cst.BaseExpression, scope: Scope) -> list[Fact]:
+    """For a loop variable (``for i, block in enumerate(self.blocks.values())``), the classes of other
+    project files that the walked container is built from (``nn.ModuleDict({...: Block()})``), where
+    its values show them; empty when they do not."""
+    loops = [
+        b.node
+        for b in (scope.bindings.get(expr.value, ()) if isinstance(expr, cst.Name) else ())
+        if isinstance(b.node, cst.For)
+    ]
+    out: dict[tuple[str, str], Fact] = {}
+    for loop in loops:
+        source = loop.iter
+        while isinstance(source, cst.Call):
+            if model.qualname(source.func, scope) in PASS_THROUGH and source.args:
+                source = source.args[0].value
+            elif isinstance(source.func, cst.Attribute) and source.func.attr.value in ELEMENT_METHODS:
+                source = source.func.value
+            else:
+                break
+        for value in model.values_of(source, scope):
+            for node in walk(value):
+                if isinstance(node, cst.Call) and (fact := constructed_class(model, node, scope)) is not None:
+                    out.setdefault((fact.path, fact.name), fact)
+    return list(out.values())
+
+
+def _ruled_out(model: FileModel, passed: cst.BaseExpression, site: Site) -> list[Fact]:
+    """The classes that ``if isinstance(<passed>, C): raise ...`` before the call, in a block around it,
+    rules out (OLMo-core refuses to wrap its MoE blocks that way)."""
+    if not isinstance(passed, cst.Name):
+        return []
+    chain = {id(site.statement), *(id(f.node) for f in site.frames)}
+    out: list[Fact] = []
+    for holder in (site.scope.node, *(f.node for f in site.frames)):
+        for block in _blocks(holder):
+            statements = list(block.body)
+            end = next((i for i, s in enumerate(statements) if id(s) in chain), None)
+            for statement in statements[:end] if end is not None else ():
+                out += _raised_for(model, statement, passed.value, site.scope)
+    return out
+
+
+def _blocks(node: cst.CSTNode) -> Iterator[cst.IndentedBlock]:
+    """The indented blocks of a compound statement (or a def), its ``else``/``except``/``finally`` too."""
+    for child in node.children:
+        if isinstance(child, cst.IndentedBlock):
+            yield child
+        elif isinstance(child, cst.Else | cst.ExceptHandler | cst.Finally):
+            yield from _blocks(child)
+
+
+def _raised_for(model: FileModel, statement: cst.CSTNode, name: str, scope: Scope) -> list[Fact]:
+    """The project classes of ``if isinstance(name, C)`` / ``(C, D)`` whose body ends in ``raise``."""
+    if not isinstance(statement, cst.If) or not isinstance(statement.body, cst.IndentedBlock):
+        return []
+    last = statement.body.body[-1] if statement.body.body else None
+    if not isinstance(last, cst.SimpleStatementLine) or not isinstance(last.body[-1], cst.Raise):
+        return []
+    test = statement.test
+    if not isinstance(test, cst.Call) or model.qualname(test.func, scope) != "builtins.isinstance":
+        return []
+    args = positional(test)
+    if len(args) != 2 or not isinstance(args[0], cst.Name) or args[0].value != name:
+        return []
+    kinds = [e.value for e in args[1].elements] if isinstance(args[1], cst.Tuple) else [args[1]]
+    facts = [imported_fact(model, kind, scope) for kind in kinds]
+    return [f for f in facts if f is not None and f.kind == "class"]
+
+
+def _is_ruled_out(model: FileModel, fact: Fact, ruled_out: list[Fact]) -> bool:
+    """The class, or a base of it (one level), is one of ``ruled_out``."""
+    keys = {(f.path, f.name) for f in ruled_out}
+    if not keys or (fact.path, fact.name) in keys:
+        return bool(keys)
+    bases = (_project_class(model, fact, base) for base in fact.facts.get("bases", ()))
+    return any(b is not None and (b.path, b.name) in keys for b in bases)
+
+
+def _project_class(model: FileModel, fact: Fact, name: str) -> Fact | None:
+    """The project class a name written in ``fact``'s file refers to: imported there, or defined there."""
+    project = model.project
+    if project is None:
+        return None
+    target = project.resolve_in(fact, name)
+    if target is not None:
+        found = project.lookup(target, importer=Path(fact.path))
+        return found if found is not None and found.kind == "class" else None
+    summary = project.index.summary(Path(fact.path))
+    facts = summary["classes"].get(name) if summary is not None else None
+    return Fact(fact.path, name, "class", facts) if facts is not None else None
 
 
 def _imported_classes(model: FileModel) -> Iterator[Fact]:

@@ -36,6 +36,12 @@ class DdpAccumulationWithoutNoSync(Rule):
         call_pattern("backward"),
         call_pattern("step"),
     )
+    # In the code: a call of the DDP class (by its name, or a name bound to it) or of `prepare`, and a
+    # backward call (an event; a helper of this file that runs one holds one).
+    gate = (
+        ("call:DistributedDataParallel", "alias:DistributedDataParallel", "call:prepare"),
+        ("call:backward",),
+    )
     doc = RuleDoc(
         what=(
             "Reports the backward of a gradient-accumulation loop (the optimizer steps only under an "
@@ -207,27 +213,37 @@ class DdpAccumulationWithoutNoSync(Rule):
     )
 
     def check(self, model: FileModel) -> Iterator[Diagnostic]:
-        wrapped = ddp_models(model) | prepared_models(model)
+        ddp = ddp_models(model)
+        wrapped = ddp | prepared_models(model)
         if not wrapped:
             return
-        checked: dict[int, bool] = {}
+        checked: dict[int, str | None] = {}
         for backward in _backward_sites(model):
             scope = backward.scope
             if id(scope) not in checked:
                 helpers = [scope, *_helper_scopes(model, scope)]
-                checked[id(scope)] = self._uses_ddp(helpers, wrapped) and not any(
-                    _mentions_sync_control(s) for s in helpers
+                synced = any(_mentions_sync_control(s) for s in helpers)
+                checked[id(scope)] = None if synced else self._ddp_model_used(helpers, wrapped)
+            used = checked[id(scope)]
+            step = self._accumulation_step(model, backward) if used is not None else None
+            if used is None or step is None:
+                continue
+            if used in ddp:
+                what = "This backward of a DistributedDataParallel model"
+                remedy = "run the non-final microbatches' forward and backward inside `model.no_sync()`"
+            else:  # Accelerate wraps the model in DistributedDataParallel on several processes
+                what = (
+                    f"This backward of `{used}`, prepared by `accelerator.prepare(...)` (wrapped in "
+                    "DistributedDataParallel when it runs on several processes),"
                 )
-            if not checked[id(scope)]:
-                continue
-            step = self._accumulation_step(model, backward)
-            if step is None:
-                continue
+                remedy = (
+                    f"run each microbatch inside `accelerator.accumulate({used})` (or the non-final ones "
+                    f"inside `accelerator.no_sync({used})`)"
+                )
             yield Diagnostic(
                 backward.node,
-                "This backward of a DistributedDataParallel model runs on every microbatch of an "
-                "accumulation window, so gradients are all-reduced each time; run the non-final "
-                "microbatches' forward and backward inside `model.no_sync()`.",
+                f"{what} runs on every microbatch of an accumulation window, so gradients are all-reduced "
+                f"each time; {remedy}.",
                 related=(
                     (
                         step.node,
@@ -238,12 +254,13 @@ class DdpAccumulationWithoutNoSync(Rule):
             )
 
     @staticmethod
-    def _uses_ddp(scopes: list[Scope], wrapped: set[str]) -> bool:
+    def _ddp_model_used(scopes: list[Scope], wrapped: set[str]) -> str | None:
+        """The first wrapped model the scopes call (its dotted name), if any."""
         for scope in scopes:
             for node in walk_scope(scope.node):
-                if isinstance(node, cst.Call) and dotted(node.func) in wrapped:
-                    return True
-        return False
+                if isinstance(node, cst.Call) and (name := dotted(node.func)) in wrapped:
+                    return name
+        return None
 
     @staticmethod
     def _accumulation_step(model: FileModel, backward: Site) -> Site | None:

@@ -25,6 +25,17 @@ class OptimizerBeforeSharding(Rule):
     # bound to an optimizer's name that a model method or factory builds (`opt`, `optimizer`...).
     tokens = ("FullyShardedDataParallel", "fully_shard", "prepare")
     requires = (("FullyShardedDataParallel", "fully_shard", "FSDP", "fsdp"), ("parameters", "opt"))
+    # In the code: a call of the FSDP class or of `fully_shard` (by its name, or a name bound to it), or
+    # of `prepare`.
+    gate = (
+        (
+            "call:FullyShardedDataParallel",
+            "alias:FullyShardedDataParallel",
+            "call:fully_shard",
+            "alias:fully_shard",
+            "call:prepare",
+        ),
+    )
     doc = RuleDoc(
         what=(
             "Reports an optimizer (a `torch.optim` class and the other known optimizer packages) built "

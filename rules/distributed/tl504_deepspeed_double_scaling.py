@@ -17,10 +17,11 @@ from trainlint.model import (
     first_arg,
     keyword,
     receiver,
+    switch_of,
     walk_scope,
 )
 from trainlint.model.training import is_step_count_name
-from trainlint.model.vocab import DEEPSPEED_INITIALIZE
+from trainlint.model.vocab import DEEPSPEED_INITIALIZE, DEEPSPEED_SWITCH
 from trainlint.rules.distributed._sharding import deepspeed_engines
 
 
@@ -35,6 +36,8 @@ class DeepspeedDoubleScaling(Rule):
     # selects the engine's backward) and the engine's `.backward(` call.
     tokens = ("deepspeed",)
     requires = (method_call_pattern("backward"),)
+    # In the code: the engine's backward call.
+    gate = (("call:backward",),)
     doc = RuleDoc(
         what=(
             "Reports `engine.backward(loss)` of an engine returned by `deepspeed.initialize` when the "
@@ -221,15 +224,7 @@ def _engine_under_guard(model: FileModel, site: Site) -> bool:
     key = dotted(recv)
     if key is None or (model.qualname(recv, site.scope) or "").startswith("torch."):
         return False
-    for frame in site.frames:
-        if frame.kind != "if" or not isinstance(frame.node, cst.If):
-            continue
-        test, branch = frame.node.test, "body"
-        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
-            test, branch = test.expression, "orelse"
-        if frame.branch == branch and "deepspeed" in (dotted(test) or "").rsplit(".", 1)[-1].lower():
-            return True
-    return False
+    return switch_of(site, DEEPSPEED_SWITCH) is not None
 
 
 def _divided_by_the_caller(model: FileModel, site: Site, loss: cst.BaseExpression) -> cst.CSTNode | None:
@@ -316,7 +311,7 @@ def _without_deepspeed(model: FileModel, scope: Scope) -> list[tuple[int, int]]:
         if isinstance(node, cst.If) and any(
             isinstance(test, cst.UnaryOperation)
             and isinstance(test.operator, cst.Not)
-            and "deepspeed" in (dotted(test.expression) or "").lower()
+            and DEEPSPEED_SWITCH in (dotted(test.expression) or "").lower()
             for test in _walk_expr(node.test)
         ):
             span = model.position(node.body)

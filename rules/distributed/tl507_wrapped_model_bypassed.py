@@ -23,6 +23,8 @@ class WrappedModelBypassed(Rule):
     # it is called as `DDP`) and a backward in the scope of the call it reports.
     tokens = ("DistributedDataParallel",)
     requires = (("backward",),)
+    # In the code: a call of torch's DDP class (by its name, or a name bound to it).
+    gate = (("call:DistributedDataParallel", "alias:DistributedDataParallel"), ("import:torch",))
     doc = RuleDoc(
         what=(
             "Reports a call of the module that was passed to `DistributedDataParallel` under another "

@@ -5,6 +5,7 @@ probe and replaced after a probe broke it."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -38,9 +39,14 @@ LOADER = textwrap.dedent(
 
 def in_child(body: str, cwd: Path) -> dict:
     """Run ``body`` after loading the child package in a fresh Python; it prints one JSON object."""
+    # the thread limits the parent gives the child (runner._environment): without them numpy's
+    # OpenBLAS (installed with the deepspeed extra) starts a thread pool when torch imports it, and a
+    # process with threads never forks its data-parallel workers
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     done = subprocess.run(
         [sys.executable, "-c", LOADER + textwrap.dedent(body)],
         cwd=cwd,
+        env=env,
         capture_output=True,
         text=True,
         timeout=180,

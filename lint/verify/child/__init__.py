@@ -7,9 +7,10 @@ the same from a source checkout and from an installed package. This file must st
 
 Modules, lowest first: ``state`` (device, rank), ``capture`` (what a program computed), ``sandbox``
 (what protects the child from user code), ``standins`` (synthetic models, optimizers, batches),
-``compare`` (tolerances, comparison, the evidence and verdict builders), ``drivers`` and
-``loop_drivers`` (one per probe kind), ``distributed`` (the two-process gloo group), ``surface``
-(what a probe program reaches as ``__tl__``), ``main`` (the probe loop).
+``compare`` (tolerances, comparison, the evidence and verdict builders), ``variants`` (a probe's
+variants run in turn), ``drivers`` and ``loop_drivers`` (one per probe kind), ``distributed`` (the
+two-process gloo group), ``surface`` (what a probe program reaches as ``__tl__``), ``main`` (the
+probe loop).
 """
 
 PACKAGE = "trainlint_verify_child"

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from . import capture, state
+from . import state
 from .compare import note_text, num, pct, result
-from .sandbox import VariantFailed, exec_program, seed
+from .variants import run_variants
 
 
 def _across_ranks(flat: torch.Tensor) -> float:
@@ -47,16 +47,13 @@ def _measure(module: torch.nn.Module, before: dict) -> dict[str, float]:
 def job_bypass(probe: dict) -> dict:
     """The loop of each variant on this rank; the ranks' parameters (or, when no step ran, the
     gradients left by the last backward) compared after it."""
-    runs: dict[str, dict[str, float]] = {}
-    for name in ("as_written", "fixed"):
-        capture.current_loop.clear()
-        seed(0)
-        try:
-            ns = exec_program(probe["programs"][name], name)
-        except VariantFailed as exc:
-            text = str(exc) if name == "as_written" else f"through the wrapper, {exc}"
-            return {"failed": True, **result("not-executable", text, {})}
-        runs[name] = _measure(ns["__tl_model__"], ns["__tl_before__"])
+    runs, failed = run_variants(
+        probe,
+        {"as_written": "", "fixed": "through the wrapper, "},
+        lambda ns: _measure(ns["__tl_model__"], ns["__tl_before__"]),
+    )
+    if failed is not None:
+        return failed
     aw, fixed = runs["as_written"], runs["fixed"]
     # the parameters where an optimizer step ran, else the gradients the backward left
     what, size = ("parameters", "moved") if aw["moved"] > 0.0 else ("gradients", "grad_size")

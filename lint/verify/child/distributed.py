@@ -40,6 +40,7 @@ from .ds_engine import DEEPSPEED_JOBS
 from .fsdp import FSDP_JOBS
 from .sandbox import VariantFailed, close_private_fds, exec_program, seed, setup_process
 from .standins import concat_batches, token_batches
+from .variants import run_variants
 
 DIST_WORLD = 2
 DIST_TIMEOUT_S = 15.0  # a collective that waits longer than this fails (a rank that stopped early)
@@ -340,21 +341,24 @@ def _job_sync(probe: dict) -> dict:
     """TL501 on one rank: the loop as written, then with synchronisation only on the microbatches
     after which the optimizer steps (what ``no_sync`` on the others gives)."""
     global _sync_plan
-    runs: dict[str, dict] = {}
-    for name in ("as_written", "reference"):
-        capture.current_loop.clear()
+
+    def measure(ns: dict) -> dict:
+        run = capture.loop_result(ns)
+        run["forwards"] = capture.current_loop.get("forwards", 0)
+        return run
+
+    def plan(name: str, runs: dict[str, dict]) -> None:
+        global _sync_plan
         if name == "reference":
             stepped = {s["forwards"] - 1 for s in runs["as_written"]["steps"]}
             _sync_plan = {j: j in stepped for j in range(runs["as_written"]["forwards"])}
-        try:
-            ns = exec_program(probe["programs"][name], name)
-            runs[name] = capture.loop_result(ns)
-            runs[name]["forwards"] = capture.current_loop.get("forwards", 0)
-        except VariantFailed as exc:
-            text = str(exc) if name == "as_written" else f"with no_sync, {exc}"
-            return {"failed": True, **not_executable(text)}
-        finally:
-            _sync_plan = None
+
+    try:
+        runs, failed = run_variants(probe, {"as_written": "", "reference": "with no_sync, "}, measure, plan)
+    finally:
+        _sync_plan = None
+    if failed is not None:
+        return failed
     aw, ref = runs["as_written"], runs["reference"]
     if not aw["steps"]:
         return not_executable("the optimizer never stepped in the loop with the stand-ins")

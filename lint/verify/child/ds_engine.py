@@ -13,9 +13,9 @@ import os
 
 import torch
 
-from . import capture, state
+from . import state
 from .compare import FLOAT32_SUMS, not_executable, note_text, num, result
-from .sandbox import VariantFailed, exec_program, seed
+from .variants import run_variants
 
 SHM_OP = "deepspeed_shm_comm"
 
@@ -51,16 +51,13 @@ def job_scaling(probe: dict) -> dict:
     """Each variant's accumulation window on this rank; the update as written over the reference's."""
     if _import_deepspeed() is None:
         return {"failed": True, **not_executable("deepspeed is not installed")}
-    runs: dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
-    for name in ("as_written", "reference"):
-        capture.current_loop.clear()
-        seed(0)
-        try:
-            ns = exec_program(probe["programs"][name], name)
-        except VariantFailed as exc:
-            text = str(exc) if name == "as_written" else f"without the division, {exc}"
-            return {"failed": True, **not_executable(text)}
-        runs[name] = _change(ns["__tl_model__"], ns["__tl_before__"])
+    runs, failed = run_variants(
+        probe,
+        {"as_written": "", "reference": "without the division, "},
+        lambda ns: _change(ns["__tl_model__"], ns["__tl_before__"]),
+    )
+    if failed is not None:
+        return failed
     stepped = _norm(runs["reference"][0]) > 0.0
     index, what = (0, "update") if stepped else (1, "accumulated gradient")
     got, want = _norm(runs["as_written"][index]), _norm(runs["reference"][index])

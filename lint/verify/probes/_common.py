@@ -1,4 +1,5 @@
-"""What the loop probes share: the flagged call, its backward, and the probe dict of a loop window."""
+"""What the probes share: the flagged call, its backward, the probe dict of a loop window, the names
+a wrap call binds, and where a window's edits fall."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Any
 
 import libcst as cst
 
-from trainlint.model import Site, attr_name, exclusive, in_loop, innermost_loop
+from trainlint.model import Site, attr_name, dotted, exclusive, first_arg, in_loop, innermost_loop
 from trainlint.verify.context import ProbeContext, TextEdit, insert_after, replace_node
 from trainlint.verify.loops import LoopWindow
 from trainlint.verify.source import NotExecutable, call_site_at
@@ -76,3 +77,23 @@ def loop_probe(
         "expect": list(expect),
         "overflow_iteration": overflow_at,
     }
+
+
+def assigned_name(statement: cst.CSTNode, value: cst.CSTNode) -> str | None:
+    """The dotted name ``statement`` binds ``value`` to (``opt = Adam(...)``, ``self.model = FSDP(...)``)."""
+    if isinstance(statement, cst.SimpleStatementLine):
+        for small in statement.body:
+            if isinstance(small, cst.Assign) and small.value is value and len(small.targets) == 1:
+                return dotted(small.targets[0].target)
+    return None
+
+
+def wrap_names(ctx: ProbeContext, call: cst.Call) -> tuple[str | None, str | None]:
+    """The module a wrap call (``DDP(model)``, ``FSDP(module=model)``) wraps and the name it binds the
+    wrapper to, each None when it is not a name of its own."""
+    return dotted(first_arg(call, "module")), assigned_name(ctx.tree.statement_of(call), call)
+
+
+def edit_covers(edit: TextEdit, span: tuple[int, int, int, int]) -> bool:
+    """``edit`` replaces text that holds all of ``span`` (line, column, end line, end column)."""
+    return (edit.line, edit.column) <= span[:2] and span[2:] <= (edit.end_line, edit.end_column)

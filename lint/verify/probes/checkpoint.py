@@ -10,6 +10,7 @@ import libcst as cst
 
 from trainlint.model import FileModel, Site, keyword, positional, walk
 from trainlint.model.training import CHECKPOINT_FUNCTIONS
+from trainlint.rules.checkpoint.tl201_checkpoint_use_reentrant import CheckpointUseReentrant
 from trainlint.rules.checkpoint.tl203_checkpoint_side_effect import CheckpointSideEffect
 from trainlint.verify.context import ProbeContext, TextEdit, insert_after, insert_before, replace_node
 from trainlint.verify.probes._entry import entry_path, entry_programs, find_entry
@@ -35,7 +36,7 @@ def _checkpoint_site(ctx: ProbeContext) -> Site:
     model = ctx.model
     # `checkpoint = get_checkpoint_fn()`: the rule labels the factory's return; the flagged call is
     # then a name bound to what it returns (no callee of its own)
-    from_factory = any(r.label == "factory" for r in ctx.finding.related)
+    from_factory = any(r.label == CheckpointUseReentrant.FACTORY for r in ctx.finding.related)
 
     def accept(site: Site) -> bool:
         callee = model.callee(site)

@@ -8,10 +8,11 @@ from typing import Any
 
 import libcst as cst
 
-from trainlint.model import FileModel, Scope, attr_name, dotted, first_arg, keyword, positional
+from trainlint.model import FileModel, Scope, attr_name, keyword, positional
 from trainlint.rules.distributed.tl503_optimizer_before_sharding import OptimizerBeforeSharding
 from trainlint.rules.distributed.tl506_sharded_clip_local_norm import ShardedClipLocalNorm
 from trainlint.verify.context import ProbeContext, replace_node
+from trainlint.verify.probes._common import assigned_name, wrap_names
 from trainlint.verify.source import NotExecutable, analyse_names, call_site_at, indent
 from trainlint.verify.window import Binder, region_text, statements_region
 
@@ -92,15 +93,6 @@ def _bound_program(model: FileModel, scope: Scope, code: str, roles: dict[str, s
     return binder.carry.code() + "".join(line + "\n" for line in binder.lines) + code
 
 
-def _assigned_name(statement: cst.CSTNode, value: cst.CSTNode) -> str | None:
-    """The dotted name ``statement`` binds ``value`` to (``opt = Adam(...)``, ``self.model = FSDP(...)``)."""
-    if isinstance(statement, cst.SimpleStatementLine):
-        for small in statement.body:
-            if isinstance(small, cst.Assign) and small.value is value and len(small.targets) == 1:
-                return dotted(small.targets[0].target)
-    return None
-
-
 def _argument(call: cst.Call, name: str, index: int) -> cst.BaseExpression | None:
     args = positional(call)
     if len(args) > index:
@@ -129,12 +121,13 @@ def tl503(ctx: ProbeContext) -> dict[str, Any]:
         raise NotExecutable(
             "accelerate's `prepare` shards only under an accelerate launch with an FSDP configuration"
         )
-    inner = dotted(first_arg(call, "module"))
+    inner = wrap_names(ctx, call)[0]
     body, first, last = ctx.tree.common_block(optimizer.node, call)
-    opt_name = _assigned_name(ctx.tree.statement_of(optimizer.node), optimizer.node)
+    opt_name = assigned_name(ctx.tree.statement_of(optimizer.node), optimizer.node)
     if inner is None or opt_name is None:
         raise NotExecutable("the optimizer or the sharded model is not bound to a name of its own")
-    wrapped = _assigned_name(body[last], call) if "fully_shard" not in (model.callee(shard) or "") else inner
+    # (the wrap's own statement at the level of the optimizer's: a wrap under an `if` is refused)
+    wrapped = assigned_name(body[last], call) if "fully_shard" not in (model.callee(shard) or "") else inner
     if wrapped is None:
         raise NotExecutable("the wrapped model is not bound to a name")
     source = model.source
@@ -166,8 +159,7 @@ def tl506(ctx: ProbeContext) -> dict[str, Any]:
     wrap = ctx.related(ShardedClipLocalNorm.WRAP)
     call, clip_call = wrap.node, clip.node
     assert isinstance(call, cst.Call) and isinstance(clip_call, cst.Call)
-    inner = dotted(first_arg(call, "module"))
-    outer = _assigned_name(ctx.tree.statement_of(call), call)
+    inner, outer = wrap_names(ctx, call)
     max_norm = _argument(clip_call, "max_norm", 1)
     if inner is None or outer is None or max_norm is None:
         raise NotExecutable("the wrapped model or the clipping bound is not a name or value of its own")

@@ -6,7 +6,9 @@ child compares the two ranks' parameters.
 The loss is built as every loop probe builds it (``__tl__.micro_loss`` where the file computes it), over
 the module that the file's loss really goes through: the bypassed module when the flagged call feeds the
 loss with autograd recording, the wrapper otherwise (a call under ``torch.no_grad()`` or whose result
-the loss never reads, which leaves training to the wrapper). The fixed variant calls the wrapper.
+the loss never reads, which leaves training to the wrapper). The module inside the wrapper reached by
+its ``.module`` (``ddp.module(x)``, or a name assigned from it) is the real wrapper's ``.module``, so
+that the attribute DDP itself provides is what bypasses it. The fixed variant calls the wrapper.
 """
 
 from __future__ import annotations
@@ -15,12 +17,12 @@ from typing import Any
 
 import libcst as cst
 
-from trainlint.model import FileModel, Site, dotted, first_arg, grad_disabled, in_loop, innermost_loop, walk
+from trainlint.model import FileModel, Site, dotted, grad_disabled, in_loop, innermost_loop, walk
 from trainlint.rules.distributed.tl507_wrapped_model_bypassed import WrappedModelBypassed
 from trainlint.verify.context import ProbeContext, replace_node
 from trainlint.verify.loops import LoopWindow, build_loop
-from trainlint.verify.probes.sharding import _assigned_name
-from trainlint.verify.source import NotExecutable, _contains, call_site_at, node_span
+from trainlint.verify.probes._common import edit_covers, wrap_names
+from trainlint.verify.source import NotExecutable, call_site_at, node_span
 
 # The module each variant's loss goes through; the loop window is built over this placeholder name.
 LOSS_MODULE = "__tl_loss_module__"
@@ -36,35 +38,38 @@ def tl507(ctx: ProbeContext) -> dict[str, Any]:
     wrap = ctx.related(WrappedModelBypassed.WRAP)
     call, wrap_call = flagged.node, wrap.node
     assert isinstance(call, cst.Call) and isinstance(wrap_call, cst.Call)
-    inner = dotted(first_arg(wrap_call, "module"))
-    outer = _assigned_name(ctx.tree.statement_of(wrap_call), wrap_call)
+    inner, outer = wrap_names(ctx, wrap_call)
     callee = dotted(call.func)
-    if inner is None or outer is None:
+    if inner is None or outer is None or callee is None:
         raise NotExecutable("the wrapped module or the wrapper is not bound to a name of its own")
-    if callee not in (inner, outer):
-        raise NotExecutable(
-            f"the flagged call `{callee}(...)` reaches `{inner}` under another name: the probe runs calls"
-            f" of `{inner}` or `{outer}` by those names only"
-        )
+    # the rule reports the wrapped module by its own name, else the wrapper's `.module` (or a name
+    # assigned from it): the module the real wrapper holds
+    bypassed = INNER if callee == inner else None if callee == outer else f"{WRAPPER}.module"
     backward = _loop_backward(model, flagged)
     # built around the backward: a forward whose result only fed the replaced loss is then dropped
     window = build_loop(ctx, backward, backward, [], model_expr=LOSS_MODULE)
-    feeds = callee == inner and _feeds_loss(model, flagged, window)
+    feeds = bypassed is not None and _feeds_loss(model, flagged, window)
     notes = [
         f"`{inner}` is a tiny model and `{outer}` a DistributedDataParallel over it (gloo, 2 CPU processes, "
         "a different batch on each rank)"
     ]
-    if callee == inner and not feeds:
+    roles = {inner: INNER, outer: WRAPPER}
+    if bypassed is not None and callee != inner:
+        alias = callee != f"{outer}.module"
+        named = f"`{outer}.module`, " if alias else ""
+        notes.append(f"`{callee}` is {named}the module inside the DistributedDataParallel")
+        if alias:  # a name assigned from it: the same object
+            roles[callee] = bypassed
+    if bypassed is not None and not feeds:
         notes.append(
             f"`{callee}(...)` does not feed the loss with autograd on: the loss goes through `{outer}`"
         )
-    roles = {inner: INNER, outer: WRAPPER}
     setup = [f"{WRAPPER} = __tl__.ddp({INNER})"]
     # the flagged call itself, where it is still in the window, goes through the wrapper too
     fix = [] if _replaced(model, flagged, window) else [replace_node(model, call.func, outer)]
     programs = {
         "as_written": window.render(
-            [], roles=roles, setup=[*setup, f"{LOSS_MODULE} = {INNER if feeds else WRAPPER}"]
+            [], roles=roles, setup=[*setup, f"{LOSS_MODULE} = {bypassed if feeds else WRAPPER}"]
         ),
         "fixed": window.render(fix, roles=roles, setup=[*setup, f"{LOSS_MODULE} = {WRAPPER}"]),
     }
@@ -86,11 +91,10 @@ def _feeds_loss(model: FileModel, flagged: Site, window: LoopWindow) -> bool:
     expression the window replaced, or it assigns a name that expression reads."""
     if grad_disabled(model, flagged):
         return False
-    spans = [
-        (e.line, e.column, e.end_line, e.end_column) for e in window.common if "micro_loss(" in e.content
-    ]
-    if any(_contains(span, node_span(model, flagged.node)) for span in spans):
+    losses = [e for e in window.common if "micro_loss(" in e.content]
+    if any(edit_covers(e, node_span(model, flagged.node)) for e in losses):
         return True
+    spans = [(e.line, e.column, e.end_line, e.end_column) for e in losses]
     replaced = [n for n in walk(flagged.scope.node) if node_span_or_none(model, n) in spans]
     read = {n.value for node in replaced for n in walk(node) if isinstance(n, cst.Name)}
     return bool(_assigned_names(flagged) & read)
@@ -100,7 +104,7 @@ def _replaced(model: FileModel, flagged: Site, window: LoopWindow) -> bool:
     """The flagged call is gone from the window: inside an edited span (the loss, a dropped
     assignment) or outside the window's lines."""
     here = node_span(model, flagged.node)
-    if any(_contains((e.line, e.column, e.end_line, e.end_column), here) for e in window.common):
+    if any(edit_covers(e, here) for e in window.common):
         return True
     return not any(r.start <= here[0] and here[2] <= r.end for r in window.regions)
 
