@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import os
-import pickle
 import signal
 import sys
 from collections.abc import Callable
@@ -83,6 +82,8 @@ def give_back_memory() -> None:
 def run_bounded(work: Callable[[], T], extra_bytes: int) -> Bounded[T]:
     """``work()`` in a forked child allowed ``extra_bytes`` of address space beyond what it starts
     with (never more than the limit already set). The value comes back pickled through a pipe."""
+    import pickle  # here, not at the top: a run of small files never forks, and pre-commit's pays 3 ms
+
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child; its outcome is what the tests check
@@ -109,6 +110,7 @@ def run_bounded(work: Callable[[], T], extra_bytes: int) -> Bounded[T]:
 
 def _child(work: Callable[[], T], extra_bytes: int, write_end: int) -> None:  # pragma: no cover
     import faulthandler
+    import pickle  # run_bounded loaded it before the fork
     import resource
 
     code = 0

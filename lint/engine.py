@@ -35,11 +35,11 @@ from trainlint.rule import (
     Edit,
     Finding,
     Fix,
-    Registry,
     Related,
     Rule,
     Severity,
     TextEditSpec,
+    load_rule,
     registry,
 )
 from trainlint.suppress import parse_suppressions
@@ -438,8 +438,8 @@ def _rules_to_run(
     text: str, path: str, active: list[Gate], rules: list[Gate], tree: ast.Module | None = None
 ) -> list[type[Rule]]:
     """The rule classes to run on the file: the ``active`` ones, and those whose cross-file findings
-    the project index says are possible. Loads the rule modules only when there is one. ``tree``: the
-    gate's CPython tree of the text, which the index's summary of the file reuses."""
+    the project index says are possible. Loads only those rules' modules. ``tree``: the gate's CPython
+    tree of the text, which the index's summary of the file reuses."""
     crossfile = [g for g in rules if g not in active and g.can_fire_in_project(text)]
     project = Project.for_file(path) if crossfile else None
     chosen = list(active)
@@ -447,20 +447,16 @@ def _rules_to_run(
         # findings that rest on another file's facts need less of this file's text; most need an
         # import of a definition with the right facts too (read with ``ast``: cheaper than libcst)
         imported = project.imported_facts(text, tree) if any(not g.project_callers for g in crossfile) else []
-        reg = registry()
         chosen += [
             g
             for g in crossfile
-            if g.project_callers or any(_rule(reg, g.id).wants_fact(f.kind, f.facts) for f in imported)
+            if g.project_callers or any(_rule(g.id).wants_fact(f.kind, f.facts) for f in imported)
         ]
-    if not chosen:
-        return []
-    reg = registry()
-    return [_rule(reg, g.id) for g in chosen]
+    return [_rule(g.id) for g in chosen]
 
 
-def _rule(reg: Registry, rule_id: str) -> type[Rule]:
-    rule = reg.get(rule_id)
+def _rule(rule_id: str) -> type[Rule]:
+    rule = load_rule(rule_id)
     if rule is None:  # pragma: no cover - tests/test_gates.py holds the data to the registry
         raise LookupError(f"{rule_id}: in the prefilter data but not a rule (run python -m trainlint.gates)")
     return rule

@@ -496,6 +496,52 @@ def rule_ids() -> tuple[str, ...]:
     return recorded()
 
 
+def load_rule(rule_id: str) -> type[Rule] | None:
+    """One rule's class by id, importing only the module that defines it: a run on one file needs the
+    few rules its gates let through, and importing all forty modules costs a pre-commit run about
+    80 ms. The whole registry where it is loaded already or the module's name does not tell."""
+    rule_id = rule_id.upper()
+    if registry.cache_info().currsize:
+        return registry().get(rule_id)
+    name = _rule_modules().get(rule_id)
+    if name is not None:
+        for rule in _rules_in(importlib.import_module(name)):
+            if rule.id == rule_id:
+                return rule
+    return registry().get(rule_id)
+
+
+# a rule's module is named after its id: ``trainlint/rules/<family>/tl101_clip_before_unscale.py``
+_RULE_MODULE = re.compile(r"(tl\d+)_\w+")
+
+
+@functools.cache
+def _rule_modules() -> dict[str, str]:
+    """Rule id -> the name of the module that defines it, read from the module names (the families'
+    packages are imported, not their modules; tests/test_lazy_rules_s6.py holds names to classes)."""
+    import trainlint.rules as pkg
+
+    out = {}
+    for family in pkgutil.iter_modules(pkg.__path__, prefix=f"{pkg.__name__}."):
+        if not family.ispkg:
+            continue
+        path = importlib.import_module(family.name).__path__
+        for info in pkgutil.iter_modules(path, prefix=f"{family.name}."):
+            match = _RULE_MODULE.fullmatch(info.name.rpartition(".")[2])
+            if match is not None and not info.ispkg:
+                out[match[1].upper()] = info.name
+    return out
+
+
+def _rules_in(module: Any) -> list[type[Rule]]:
+    """The rule classes a module defines or imports."""
+    return [
+        obj
+        for obj in vars(module).values()
+        if isinstance(obj, type) and issubclass(obj, Rule) and obj is not Rule and obj.id
+    ]
+
+
 @functools.cache
 def registry() -> Registry:
     """Every rule class found in the modules of ``trainlint.rules``, keyed by id."""
@@ -504,10 +550,8 @@ def registry() -> Registry:
     found = Registry()
     modules = pkgutil.walk_packages(pkg.__path__, prefix=f"{pkg.__name__}.")
     for info in sorted(modules, key=lambda m: m.name):
-        module = importlib.import_module(info.name)
-        for obj in vars(module).values():
-            if isinstance(obj, type) and issubclass(obj, Rule) and obj is not Rule and obj.id:
-                if obj.id in found.rules and found.rules[obj.id] is not obj:
-                    raise RuntimeError(f"duplicate rule id {obj.id}")
-                found.rules[obj.id] = obj
+        for rule in _rules_in(importlib.import_module(info.name)):
+            if rule.id in found.rules and found.rules[rule.id] is not rule:
+                raise RuntimeError(f"duplicate rule id {rule.id}")
+            found.rules[rule.id] = rule
     return found

@@ -99,6 +99,7 @@ def exclusive(a: Iterable[Frame], b: Iterable[Frame]) -> bool:
 
 
 _STATEMENT_TYPES = (cst.SimpleStatementLine, cst.BaseCompoundStatement)
+_OPERATORS = (cst.BaseBinaryOp, cst.BaseBooleanOp, cst.BaseUnaryOp, cst.BaseCompOp, cst.BaseAugOp)
 # Nodes that never have syntax children and that the builder has nothing to do for: it skips them
 # (``walk`` still yields them). About a third of all nodes are names.
 _BUILDER_SKIPS = frozenset(
@@ -106,10 +107,9 @@ _BUILDER_SKIPS = frozenset(
     | {
         cls
         for cls in vars(cst).values()
-        if isinstance(cls, type)
-        and issubclass(
-            cls, cst.BaseBinaryOp | cst.BaseBooleanOp | cst.BaseUnaryOp | cst.BaseCompOp | cst.BaseAugOp
-        )
+        # the MRO, not ``issubclass``: libcst's bases are ABCs, and their subclass checks of every
+        # libcst name cost pre-commit's one-file run 15 ms
+        if isinstance(cls, type) and any(base in cls.__mro__ for base in _OPERATORS)
     }
 )
 

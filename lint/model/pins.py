@@ -14,7 +14,6 @@ the release (``>=5.0.0rc1`` admits ``5.0.0rc1``).
 from __future__ import annotations
 
 import ast
-import configparser
 import functools
 import os
 import re
@@ -168,6 +167,8 @@ def _from_setup_cfg(root: Path, package: str) -> list[Pin]:
     text = _read(root / "setup.cfg")
     if text is None:
         return []
+    import configparser  # here, not at the top: only a project with a setup.cfg needs it
+
     parser = configparser.ConfigParser(interpolation=None)
     try:
         parser.read_string(text)
