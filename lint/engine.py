@@ -340,9 +340,11 @@ def lint_text(text: str, path: str, options: LintOptions) -> FileResult:
         # handed to libcst for it. The same walk measures the depth for the nesting guard.
         facts = code_facts(tree)
         active = [g for g in active if g.in_code(facts.text)]
+    # asked once per file: a project prefilter such as TL204's pattern is tried at every word of the text
+    crossfile = [g for g in rules if g not in active and g.can_fire_in_project(text)]
     if tree is not None:
-        rules, facts = _project_candidates(text, tree, facts, active, rules)
-    run = _rules_to_run(text, path, active, rules, tree)
+        crossfile, facts = _project_candidates(tree, facts, crossfile)
+    run = _rules_to_run(text, path, active, crossfile, tree)
     if tree is not None:
         if not run:
             return result  # CPython parsed it: no syntax error to report, no rule to run
@@ -367,17 +369,15 @@ PARSE_MEMORY = 2 * 1024**3
 
 
 def _project_candidates(
-    text: str, tree: ast.Module, facts: CodeFacts | None, active: list[Gate], rules: list[Gate]
+    tree: ast.Module, facts: CodeFacts | None, crossfile: list[Gate]
 ) -> tuple[list[Gate], CodeFacts | None]:
-    """``rules`` less those whose cross-file findings the file's code rules out (``Rule.project_gate``):
-    the project index is not asked about them (its summaries of the imported modules cost as much as
-    a parse each). With the walk of the tree, when it had to be made."""
-    gated = [g for g in rules if g.project_code and g not in active and g.can_fire_in_project(text)]
-    if not gated:
-        return rules, facts
+    """``crossfile`` less the rules whose cross-file findings the file's code rules out
+    (``Rule.project_gate``): the project index is not asked about them (its summaries of the imported
+    modules cost as much as a parse each). With the walk of the tree, when it had to be made."""
+    if not any(g.project_code for g in crossfile):
+        return crossfile, facts
     facts = facts or code_facts(tree)
-    out = {g.id for g in gated if not g.in_project_code(facts.text)}
-    return [g for g in rules if g.id not in out], facts
+    return [g for g in crossfile if not g.project_code or g.in_project_code(facts.text)], facts
 
 
 def _lint_isolated(
@@ -435,12 +435,12 @@ def _depth_problem(path: str, tree: ast.Module, facts: CodeFacts | None = None) 
 
 
 def _rules_to_run(
-    text: str, path: str, active: list[Gate], rules: list[Gate], tree: ast.Module | None = None
+    text: str, path: str, active: list[Gate], crossfile: list[Gate], tree: ast.Module | None = None
 ) -> list[type[Rule]]:
-    """The rule classes to run on the file: the ``active`` ones, and those whose cross-file findings
-    the project index says are possible. Loads only those rules' modules. ``tree``: the gate's CPython
-    tree of the text, which the index's summary of the file reuses."""
-    crossfile = [g for g in rules if g not in active and g.can_fire_in_project(text)]
+    """The rule classes to run on the file: the ``active`` ones, and those of the ``crossfile``
+    candidates (not active, their project prefilter passed) whose cross-file findings the project index
+    says are possible. Loads only those rules' modules. ``tree``: the gate's CPython tree of the text,
+    which the index's summary of the file reuses."""
     project = Project.for_file(path) if crossfile else None
     chosen = list(active)
     if project is not None:

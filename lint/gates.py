@@ -60,10 +60,6 @@ _NAME_PATTERN = re.compile(r"\^?(?:[\w|()?!:*+]|\\w)+")
 _PATTERN = "~"  # starts the stored line of a pattern atom (a regular expression over ``code_text``)
 
 
-# rule id -> (its gate, the text last asked about, ``Gate.can_fire_in_project``'s verdict on it)
-_LAST_VERDICT: dict[str, tuple[Gate, str, bool]] = {}
-
-
 @dataclass(frozen=True)
 class Gate:
     """One rule's prefilter data: everything the engine asks of a rule before it needs the class."""
@@ -89,14 +85,7 @@ class Gate:
     def can_fire_in_project(self, text: str) -> bool:
         if not self.project_requires or any(word in text for word in self.excludes):
             return False
-        # asked twice of each file (the project gate, then the project index's turn): a pattern such as
-        # TL204's, tried at every word of the text, is searched once
-        last = _LAST_VERDICT.get(self.id)
-        if last is not None and last[0] is self and last[1] is text:
-            return last[2]
-        verdict = all(group_matches(g, text) for g in self.project_requires)
-        _LAST_VERDICT[self.id] = (self, text, verdict)
-        return verdict
+        return all(group_matches(g, text) for g in self.project_requires)
 
     def in_code(self, code: str) -> bool:
         """Whether every name group occurs in ``code`` (``code_text`` of the file's tree)."""

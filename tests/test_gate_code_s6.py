@@ -439,14 +439,3 @@ def test_the_project_gates_keep_the_cross_file_findings(
     assert [(f.rule, f.line) for f in on.findings] == expected
     # ruled out by the file's code: the project index is not asked, and libcst not given the file
     assert on.parsed is parsed
-
-
-def test_the_project_prefilters_verdict_is_the_texts_own() -> None:
-    """The verdict is kept for the text last asked about (the engine asks twice per file), never given
-    for another text."""
-    gate = gates()["TL204"]
-    wrapper, prose = "y = checkpoint_layer(block, x)\n", "y = block(x)  # checkpoint_layer\n"
-    for _ in range(2):
-        assert gate.can_fire_in_project(wrapper)
-        assert not gate.can_fire_in_project(prose)
-        assert gate.can_fire_in_project("".join(wrapper))
