@@ -483,6 +483,7 @@ import trainlint.model.project as project
 import trainlint.model.summary as summary
 import trainlint.model.index_imports as index_imports
 import trainlint.model.index_memory as index_memory
+import trainlint.model.stamps as stamps
 spent, depth = [0.0], [0]
 def timed(fn):
     def wrapper(*a, **k):
@@ -497,7 +498,7 @@ def timed(fn):
             depth[0] -= 1
     return wrapper
 originals = {}
-for module in (project, summary, index_imports, index_memory):
+for module in (project, summary, index_imports, index_memory, stamps):
     for name, value in list(vars(module).items()):
         if callable(value) and getattr(value, "__module__", None) == module.__name__ and not isinstance(value, type):
             originals[value] = timed(value)

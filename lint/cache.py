@@ -3,8 +3,10 @@
 Layout: ``<cache dir>/<code fingerprint>/<key[:2]>/<key>.json``. The key hashes the file's decoded
 text (what the engine sees), the path it is reported under and the per-file options (the active rules after ``per-file-ignores``,
 severity overrides, the prefilter switch); the fingerprint hashes trainlint's own source, its version,
-the Python and libcst versions. Anything that can change a finding changes the key, so entries are
-never invalidated in place: a changed file, rule selection or configuration simply looks up another key.
+the Python and libcst versions (kept in the cache folder with the sources' stamps, signed: a run whose
+sources have not changed reads none of them). Anything that can change a finding changes the key, so
+entries are never invalidated in place: a changed file, rule selection or configuration simply looks up
+another key.
 
 The cache is trusted by whoever reads it, so it never lives where the linted code's author can write:
 by default it is a per-user folder (``$XDG_CACHE_HOME/trainlint`` or ``~/.cache/trainlint``), one
@@ -38,6 +40,8 @@ from trainlint import __version__
 from trainlint.files import read_source
 from trainlint.model.pins import pins_stamp
 from trainlint.model.project import dependency_key, recorded_dependency_key
+from trainlint.model.stamps import collector_paused
+from trainlint.notebook import SUFFIX as NOTEBOOK
 from trainlint.rule import Finding
 
 if TYPE_CHECKING:
@@ -53,6 +57,7 @@ MAX_IDS_BYTES = 64 * 1024
 _MARKER = ".last-used"
 _RULE_IDS = "rule-ids.json"
 _SECRET = "secret"
+_FINGERPRINT = "fingerprint.json"
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _PREPARED: set[str] = set()  # cache folders this process has set up
 
@@ -70,22 +75,76 @@ def _libcst_version() -> str:
     return ""
 
 
+def _sources() -> list[tuple[str, Path]]:
+    """trainlint's own source files, each with the name it is hashed under, in hashing order."""
+    import trainlint
+    import trainlint.rules
+
+    found = []
+    for package in (trainlint, trainlint.rules):
+        for folder in package.__path__:
+            found += [
+                (path.relative_to(folder).as_posix(), path) for path in sorted(Path(folder).rglob("*.py"))
+            ]
+    return found
+
+
+def _fingerprint_base() -> str:
+    return f"{FORMAT}\0{__version__}\0{sys.version}\0{_libcst_version()}"
+
+
 @functools.cache
 def code_fingerprint() -> str:
     """A hash of everything besides the file and options that decides findings: trainlint's own
     source (a changed rule never serves stale results), its version, Python's and libcst's."""
-    digest = hashlib.sha256(f"{FORMAT}\0{__version__}\0{sys.version}\0{_libcst_version()}".encode())
-    import trainlint
-    import trainlint.rules
-
-    for package in (trainlint, trainlint.rules):
-        for folder in package.__path__:
-            for path in sorted(Path(folder).rglob("*.py")):
-                digest.update(path.relative_to(folder).as_posix().encode())
-                digest.update(b"\0")
-                digest.update(path.read_bytes())
-                digest.update(b"\0")
+    digest = hashlib.sha256(_fingerprint_base().encode())
+    for name, path in _sources():
+        digest.update(name.encode())
+        digest.update(b"\0")
+        digest.update(path.read_bytes())
+        digest.update(b"\0")
     return digest.hexdigest()
+
+
+@functools.cache
+def remembered_fingerprint(folder: Path, secret: bytes) -> str:
+    """``code_fingerprint``, kept in ``folder`` (a cache folder) with the stamps (name, modification
+    time, size) of the sources it hashed: a run whose sources are as they were then reads none of them
+    (pre-commit's runs: 163 files). Signed with the user's secret, as the rule ids are (a planted memo
+    is never believed), and not kept while a source is too recent to tell a later edit in the same
+    clock tick apart (as git treats "racy" entries)."""
+    stamps, newest = hashlib.sha256(_fingerprint_base().encode()), 0
+    try:
+        for name, path in _sources():
+            info = os.stat(path)
+            stamps.update(f"{name}\0{info.st_mtime_ns}\0{info.st_size}\0".encode())
+            newest = max(newest, info.st_mtime_ns)
+    except OSError:
+        return code_fingerprint()
+    memo, stamp = folder / _FINGERPRINT, stamps.hexdigest()
+    data = read_capped(memo, MAX_IDS_BYTES)
+    try:
+        payload = json.loads(data) if data is not None else None
+        known, mac = payload["fingerprint"], payload["mac"]
+        if (
+            isinstance(known, str)
+            and isinstance(mac, str)
+            and hmac.compare_digest(mac, _memo_mac(secret, stamp, known))
+        ):
+            return known
+    except (ValueError, TypeError, KeyError, RecursionError):
+        pass  # absent or damaged: hashed afresh
+    fingerprint = code_fingerprint()
+    if newest < time.time_ns() - 2_000_000_000 and folder.is_dir() and folder_problem(folder) is None:
+        with contextlib.suppress(OSError):
+            ResultCache._write_json(
+                memo, {"fingerprint": fingerprint, "mac": _memo_mac(secret, stamp, fingerprint)}
+            )
+    return fingerprint
+
+
+def _memo_mac(secret: bytes, stamps: str, fingerprint: str) -> str:
+    return hmac.new(secret, f"{stamps}\0{fingerprint}".encode(), hashlib.sha256).hexdigest()
 
 
 def frame_text(path: str, findings: list[Finding], text: str) -> str | None:
@@ -235,20 +294,21 @@ class ResultCache:
 
     def __init__(self, folder: Path, fingerprint: str | None = None, secret: bytes | None = None) -> None:
         self.folder = Path(folder)
-        self.fingerprint = fingerprint or code_fingerprint()
         self.secret = user_secret() if secret is None else secret
+        self.fingerprint = fingerprint or remembered_fingerprint(self.folder, self.secret)
         self.root = self.folder / self.fingerprint[:16]
         self._root = str(self.root)
         self._keys: dict[Job, tuple[bytes, str]] = {}  # looked up, not stored yet: (text digest, key)
+        self._quiet: dict[Job, str] = {}  # keyed as proven quiet by the gate, not answered yet
         self._batch = object()  # this run's keys share their module lookups (``dependency_key``)
 
     def __getstate__(self) -> dict[str, Any]:
         # workers get the folder and secrets, not the keys of the files looked up
-        return {k: v for k, v in self.__dict__.items() if k not in ("_keys", "_batch")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_keys", "_quiet", "_batch")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._keys, self._batch = {}, object()
+        self._keys, self._quiet, self._batch = {}, {}, object()
 
     def problem(self) -> str | None:
         """Why this cache must not be used (its folder or version folder is a link, a file, another
@@ -260,10 +320,11 @@ class ResultCache:
         return None
 
     # -- reading -------------------------------------------------------------------------------------
-    def key(self, job: Job, text: str) -> str:
+    def key(self, job: Job, text: str, gate: bool = True) -> str:
         # a miss looks the key up, lints, then stores under the same key: computed once for both (a
         # run looks every file up before it lints the misses, so the keys of misses are kept until
-        # stored; workers, which get the cache without them, compute their own)
+        # stored; workers, which get the cache without them, compute their own). ``gate``: False
+        # spares asking the engine's gate (``store``: a linted file is one the gate did not rule out)
         digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
         known = self._keys.get(job)
         if known is not None and known[0] == digest:
@@ -271,9 +332,15 @@ class ResultCache:
         # a finding may rest on other project files' facts (the project index): their digest counts,
         # unless no rule can run on the text at all (its outcome cannot rest on any other file then).
         # A file keyed with its dependencies before (its record holds) is keyed so again, unasked.
+        self._quiet.pop(job, None)
         facts = recorded_dependency_key(job[0], text, self.root / "summaries", self._batch)
-        if facts is None and not may_run_rules(text, job[2]) and "gradient_checkpointing" not in text:
+        if facts is None and "gradient_checkpointing" not in text and not may_run_rules(text, job[2]):
             key = self._no_rules_key(job, text)
+        elif facts is None and gate and self._proven_quiet(job, text):
+            # the code gate (CPython's tree) rules every rule out: the outcome is no finding, answered
+            # by ``get`` from the key of its text alone, with no lint and no dependency digest
+            key = self._no_rules_key(job, text)
+            self._quiet[job] = key
         else:
             if facts is None:
                 facts = dependency_key(job[0], text, self.root / "summaries", self._batch)
@@ -284,6 +351,17 @@ class ResultCache:
             )
         self._keys[job] = (digest, key)
         return key
+
+    @staticmethod
+    def _proven_quiet(job: Job, text: str) -> bool:
+        """Whether the engine's gate proves that no rule runs on ``text`` and that it parses (TL205's
+        pins stamp aside: a text naming ``gradient_checkpointing`` is keyed with it, as before)."""
+        if "gradient_checkpointing" in text or not job[2].prefilter or job[0].endswith(NOTEBOOK):
+            return False
+        from trainlint.engine import outcome_needs_no_project  # (a miss only: the lint loads it anyway)
+
+        with collector_paused():  # (as the lint that follows: a parse's objects hold no cycle)
+            return outcome_needs_no_project(text, job[2])
 
     def _no_rules_key(self, job: Job, text: str) -> str:
         """The key of a text no rule can run on. Only such a text is stored under it, and whether a rule
@@ -318,6 +396,8 @@ class ResultCache:
         if data is None:
             key = self.key(job, text)
             data = self._read(key) if key != quiet else None
+            if data is None and self._quiet.pop(job, None) == key:
+                return self._answer_quiet(job, text)
             if data is None:
                 return None  # (its key is kept for the store that follows the lint)
         self._keys.pop(job, None)
@@ -330,6 +410,15 @@ class ResultCache:
             return None
         # the text is only needed for code frames (and fixes) when there are findings
         return result, frame_text(job[0], findings, text)
+
+    def _answer_quiet(self, job: Job, text: str) -> Outcome:
+        """The outcome of a text the gate proved no rule runs on (``_proven_quiet``), stored under the
+        key of its text: a later run reads it without asking the gate."""
+        from trainlint.results import FileResult
+
+        result = FileResult(job[1])
+        self.store(job, text, result)
+        return result, None
 
     def _ids_mac(self, ids: list[str]) -> str:
         message = json.dumps([self.fingerprint, ids]).encode()
@@ -372,7 +461,7 @@ class ResultCache:
             "errors": [e.to_cache() for e in result.errors],
             "parsed": result.parsed,
         }
-        target = self._file(self.key(job, text))
+        target = self._file(self.key(job, text, gate=False))
         self._keys.pop(job, None)
         try:
             self._prepare()

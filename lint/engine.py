@@ -28,6 +28,8 @@ from trainlint.files import (
 )
 from trainlint.gates import CodeFacts, Gate, code_facts, gates
 from trainlint.model.project import Project
+from trainlint.model.stamps import parsed_before, text_digest
+from trainlint.model.summary import Summary, outline
 from trainlint.report.escape import one_line_code
 from trainlint.results import FileResult, LintOptions, Problem, ProblemKind, internal_error
 from trainlint.rule import (
@@ -318,11 +320,6 @@ def with_configured_severity(finding: Finding, options: LintOptions) -> Finding:
 def lint_text(text: str, path: str, options: LintOptions) -> FileResult:
     """Lint one file's decoded text, reported under ``path``. Never raises for any input text."""
     result = FileResult(path)
-    table = gates()
-    rules = [
-        g for g in (table.get(i.upper()) for i in options.rule_ids) if g is not None and not g.engine_only
-    ]
-    active = [g for g in rules if not options.prefilter or g.can_fire(text)]
 
     def report(finding: Finding) -> FileResult:
         if finding.rule in options.rule_ids:
@@ -332,6 +329,68 @@ def lint_text(text: str, path: str, options: LintOptions) -> FileResult:
     problem = _text_problem(path, text)
     if problem is not None:
         return report(problem)
+    digest = text_digest(text) if _VERDICTS or parsed_before() else ""
+    verdict = _VERDICTS.pop((digest, options), None) if _VERDICTS else None
+    if verdict is not None:  # the result cache's lookup ran the gate on this very text
+        active, crossfile, tree, nesting, facts = verdict.active, verdict.crossfile, None, *verdict.depth
+    elif digest and _summarised_and_quiet(text, digest, options):
+        return result  # CPython parsed it (the index's summary of it says so), no rule can run on it
+    else:
+        active, crossfile, tree, nesting, facts = _code_gate(text, options)
+    run = _rules_to_run(text, path, active, crossfile, tree, verdict.outline if verdict else None)
+    if tree is not None or verdict is not None:
+        if not run:
+            return result  # CPython parsed it: no syntax error to report, no rule to run
+        problem = _depth_problem(path, tree, facts) if nesting is None else None
+    else:
+        problem = _nesting_problem(path, text, nesting or scan_nesting(text))
+    if problem is not None:
+        return report(problem)
+    if len(text) > ISOLATED_BYTES and bounded.available():
+        return _lint_isolated(text, path, options, run, result)
+    return _with_headroom(lambda: _lint_parsed(text, path, options, run, result))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Verdict:
+    """The gate's answer on a text CPython parsed: what ``lint_text`` computes before it asks the
+    project, with what it needs of the tree after (its depth, or the nesting scan that bounded it)."""
+
+    active: list[Gate]
+    crossfile: list[Gate]
+    depth: tuple[Nesting | None, CodeFacts | None]
+    outline: Summary | None  # the text's imports (``summary.outline``), where the project is asked
+
+
+# Verdicts of the gate the result cache asked for (``outcome_needs_no_project``), by text digest and
+# options, each taken by the lint of the same text: a run looks every file up before it lints any, so
+# a text is parsed once, not twice. Kept small (no tree: the lint parses again where it needs one).
+_VERDICTS: dict[tuple[str, LintOptions], _Verdict] = {}
+_VERDICTS_KEPT = 8192
+
+
+def _summarised_and_quiet(text: str, digest: str, options: LintOptions) -> bool:
+    """Whether no rule's prefilter passes on the text and the project index summarised it (so CPython
+    parsed it): its outcome is no finding, known without parsing it again. From Python 3.11 (3.10's
+    parser must be guarded by the nesting scan first, which the index's parse is not)."""
+    if not options.prefilter or sys.version_info < (3, 11) or not parsed_before(digest):
+        return False
+    from trainlint.cache import may_run_rules  # (the result cache's own first question)
+
+    return not may_run_rules(text, options)
+
+
+def _code_gate(
+    text: str, options: LintOptions
+) -> tuple[list[Gate], list[Gate], ast.Module | None, Nesting | None, CodeFacts | None]:
+    """The rules that may fire on the text (``active``) and the cross-file candidates (not active,
+    their project prefilter passed, not ruled out by the code), with CPython's tree of the text (None
+    where it rejects it or the prefilter is off), the nesting scan where made and the code's facts."""
+    table = gates()
+    rules = [
+        g for g in (table.get(i.upper()) for i in options.rule_ids) if g is not None and not g.engine_only
+    ]
+    active = [g for g in rules if not options.prefilter or g.can_fire(text)]
     tree, nesting = _cpython_tree(text) if options.prefilter else (None, None)
     facts = None
     if tree is not None and active:
@@ -344,18 +403,28 @@ def lint_text(text: str, path: str, options: LintOptions) -> FileResult:
     crossfile = [g for g in rules if g not in active and g.can_fire_in_project(text)]
     if tree is not None:
         crossfile, facts = _project_candidates(tree, facts, crossfile)
-    run = _rules_to_run(text, path, active, crossfile, tree)
-    if tree is not None:
-        if not run:
-            return result  # CPython parsed it: no syntax error to report, no rule to run
-        problem = _depth_problem(path, tree, facts) if nesting is None else None
-    else:
-        problem = _nesting_problem(path, text, nesting or scan_nesting(text))
-    if problem is not None:
-        return report(problem)
-    if len(text) > ISOLATED_BYTES and bounded.available():
-        return _lint_isolated(text, path, options, run, result)
-    return _with_headroom(lambda: _lint_parsed(text, path, options, run, result))
+    return active, crossfile, tree, nesting, facts
+
+
+def outcome_needs_no_project(text: str, options: LintOptions) -> bool:
+    """Whether ``lint_text`` proves, from the text and the options alone, that no rule runs on the
+    text and that it parses: its outcome is then no finding, whatever the rest of the project holds
+    (the result cache answers such a file without a key of its dependencies, and without a lint)."""
+    if _text_problem("", text) is not None:
+        return False
+    active, crossfile, tree, nesting, facts = _code_gate(text, options)
+    if tree is None:
+        return False
+    if not active and not crossfile:
+        return True
+    while len(_VERDICTS) >= _VERDICTS_KEPT:  # (looked up, never linted: a run that stopped early)
+        del _VERDICTS[next(iter(_VERDICTS))]
+    if nesting is None:  # (the depth alone: the names' text is not needed after the gate)
+        depth, line = (facts.depth, facts.depth_line) if facts is not None else _tree_depth(tree)
+        facts = CodeFacts("", depth, line)
+    own = outline(text, tree) if any(not g.project_callers for g in crossfile) else None
+    _VERDICTS[(text_digest(text), options)] = _Verdict(active, crossfile, (nesting, facts), own)
+    return False
 
 
 # Larger files are parsed by libcst in a child process allowed ``PARSE_MEMORY`` of address space beyond
@@ -424,29 +493,41 @@ def _cpython_tree(text: str) -> tuple[ast.Module | None, Nesting | None]:
     return _cpython_parse(text)[0], nesting
 
 
-def _depth_problem(path: str, tree: ast.Module, facts: CodeFacts | None = None) -> Finding | None:
+def _depth_problem(path: str, tree: ast.Module | None, facts: CodeFacts | None = None) -> Finding | None:
     """TL901 when CPython's tree is nested deeper than libcst may be given (see ``scan_nesting``: the
     tree's depth is what its bound over-approximates; CPython itself refuses over 200 brackets).
-    ``facts``: the gate's walk of the same tree, which measured it already."""
-    depth, line = (facts.depth, facts.depth_line) if facts is not None else _tree_depth(tree)
+    ``facts``: the gate's walk of the same tree, which measured it already (``tree`` may be None then)."""
+    if facts is None:
+        assert tree is not None
+        depth, line = _tree_depth(tree)
+    else:
+        depth, line = facts.depth, facts.depth_line
     if depth > MAX_NESTING:
         return _too_deep(path, line, f"{depth} levels at line {line}; trainlint analyses up to {MAX_NESTING}")
     return None
 
 
 def _rules_to_run(
-    text: str, path: str, active: list[Gate], crossfile: list[Gate], tree: ast.Module | None = None
+    text: str,
+    path: str,
+    active: list[Gate],
+    crossfile: list[Gate],
+    tree: ast.Module | None = None,
+    own: Summary | None = None,
 ) -> list[type[Rule]]:
     """The rule classes to run on the file: the ``active`` ones, and those of the ``crossfile``
     candidates (not active, their project prefilter passed) whose cross-file findings the project index
     says are possible. Loads only those rules' modules. ``tree``: the gate's CPython tree of the text,
-    which the index's summary of the file reuses."""
+    which the index's summary of the file reuses; ``own``: that summary's outline, where the gate kept
+    it without the tree."""
     project = Project.for_file(path) if crossfile else None
     chosen = list(active)
     if project is not None:
         # findings that rest on another file's facts need less of this file's text; most need an
         # import of a definition with the right facts too (read with ``ast``: cheaper than libcst)
-        imported = project.imported_facts(text, tree) if any(not g.project_callers for g in crossfile) else []
+        imported = (
+            project.imported_facts(text, tree, own) if any(not g.project_callers for g in crossfile) else []
+        )
         chosen += [
             g
             for g in crossfile

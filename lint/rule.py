@@ -10,10 +10,11 @@ import dataclasses
 import enum
 import functools
 import importlib
+import os
 import pkgutil
 import re
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -346,6 +347,34 @@ def example_text(block: str) -> str:
     return text[1:] if text.startswith("\n") else text
 
 
+def _valid_files(examples: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(example_text(code) for code in examples)
+
+
+def _invalid_files(examples: tuple[Invalid, ...]) -> tuple[Invalid, ...]:
+    return tuple(
+        dataclasses.replace(
+            ex,
+            code=example_text(ex.code),
+            fix=None if ex.fix is None else example_text(ex.fix),
+            unsafe_fix=None if ex.unsafe_fix is None else example_text(ex.unsafe_fix),
+        )
+        for ex in examples
+    )
+
+
+class _Examples:
+    """A rule class's ``valid`` or ``invalid``: what the class wrote, converted on first read."""
+
+    def __init__(self, written: Any, convert: Callable[[Any], Any]) -> None:
+        self.written, self.convert, self.files = written, convert, None
+
+    def __get__(self, instance: object, owner: type) -> Any:
+        if self.files is None:
+            self.files = self.convert(self.written)
+        return self.files
+
+
 class Rule:
     """Base class for every rule. Subclasses set the class variables and implement ``check``."""
 
@@ -401,16 +430,11 @@ class Rule:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls.valid = tuple(example_text(code) for code in cls.valid)
-        cls.invalid = tuple(
-            dataclasses.replace(
-                ex,
-                code=example_text(ex.code),
-                fix=None if ex.fix is None else example_text(ex.fix),
-                unsafe_fix=None if ex.unsafe_fix is None else example_text(ex.unsafe_fix),
-            )
-            for ex in cls.invalid
-        )
+        # the examples as the class writes them become the files they stand for when first read (tests,
+        # docs): a run that only lints never reads them, and making them costs it 3 ms
+        for name, convert in (("valid", _valid_files), ("invalid", _invalid_files)):
+            if name in vars(cls):
+                setattr(cls, name, _Examples(vars(cls)[name], convert))
 
     def check(self, model: FileModel) -> Iterator[Diagnostic]:
         return iter(())
@@ -517,10 +541,15 @@ _RULE_MODULE = re.compile(r"(tl\d+)_\w+")
 
 @functools.cache
 def _rule_modules() -> dict[str, str]:
-    """Rule id -> the name of the module that defines it, read from the module names (the families'
-    packages are imported, not their modules; tests/test_lazy_rules_s6.py holds names to classes)."""
+    """Rule id -> the name of the module that defines it, read from the module names
+    (tests/test_lazy_rules_s6.py holds names to classes). The families' folders are listed, neither
+    their packages nor their modules imported: ``pkgutil`` takes a pre-commit run 4 ms for the same."""
     import trainlint.rules as pkg
 
+    try:
+        return _rule_files(pkg.__name__, pkg.__path__)
+    except OSError:  # not plain folders (a zip): the import system's own listing
+        pass
     out = {}
     for family in pkgutil.iter_modules(pkg.__path__, prefix=f"{pkg.__name__}."):
         if not family.ispkg:
@@ -530,6 +559,23 @@ def _rule_modules() -> dict[str, str]:
             match = _RULE_MODULE.fullmatch(info.name.rpartition(".")[2])
             if match is not None and not info.ispkg:
                 out[match[1].upper()] = info.name
+    return out
+
+
+def _rule_files(package: str, folders: Iterable[str]) -> dict[str, str]:
+    """``_rule_modules`` from the files in the families' folders (a family: a folder holding an
+    ``__init__.py``), looked at in the order ``pkgutil`` lists them."""
+    out: dict[str, str] = {}
+    for folder in folders:
+        for family in sorted(os.listdir(folder)):
+            path = os.path.join(folder, family)
+            if not family.isidentifier() or not os.path.isfile(os.path.join(path, "__init__.py")):
+                continue
+            for name in sorted(os.listdir(path)):
+                stem, _, suffix = name.partition(".")
+                match = _RULE_MODULE.fullmatch(stem)
+                if match is not None and suffix == "py" and os.path.isfile(os.path.join(path, name)):
+                    out[match[1].upper()] = f"{package}.{family}.{stem}"
     return out
 
 

@@ -62,6 +62,19 @@ def lint_project(root: Path, files: dict[str, str], target: str, monkeypatch, ca
     return json.loads(capsys.readouterr().out)["findings"]
 
 
+def counting(monkeypatch, owner: object, name: str) -> list[tuple]:
+    """Record the arguments of every call of ``owner.name`` (which still runs)."""
+    calls: list[tuple] = []
+    original = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        calls.append(args)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, wrapper)
+    return calls
+
+
 class Snippets(dict[str, tuple[str, str]]):
     """name -> (rule id, dedented code); each snippet is linted as ``<name>.py`` with its rule only."""
 

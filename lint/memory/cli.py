@@ -222,4 +222,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # through the main entry point: a closed pipe, Ctrl-C and SIGTERM end it as `trainlint memory` does
+    from trainlint.cli import main as _trainlint_main
+
+    sys.exit(_trainlint_main(["memory", *sys.argv[1:]]))

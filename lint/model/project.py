@@ -36,15 +36,18 @@ from trainlint.model.index_memory import Shelf
 from trainlint.model.stamps import (
     answer_digest,
     collector_paused,
+    file_stamp,
+    find_root,
     folder_mtime,
+    note_parsed,
     recorded_answer,
     split_joined,
     stat_stamp,
+    text_digest,
     write_atomic,
 )
 from trainlint.model.summary import Summary, instance_calls, outline, summarize
 
-ROOT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
 _SKIP_DIRS = frozenset(
     {".git", ".hg", ".svn", ".tox", ".nox", ".venv", "venv", "__pycache__", "node_modules", "build", "dist"}
 )
@@ -52,18 +55,6 @@ _IMPORT_HEAD = re.compile(r"^[ \t]*(?:from[ \t]+(\.+|\w+)|import[ \t]+(\w+))", r
 _MAX_FILES = 5000  # a walk that finds more stops there: an index is a help, never a hang
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _RECORDS_KEPT = 16  # dependency records held in memory (see ProjectIndex._remember)
-
-
-def find_root(path: str | os.PathLike[str]) -> Path | None:
-    """The project folder of a file: the nearest folder at or above it with a root marker."""
-    folder = os.path.dirname(os.path.abspath(path))
-    while True:  # (strings, not pathlib: asked for every file of a warm run)
-        if any(os.path.exists(os.path.join(folder, marker)) for marker in ROOT_MARKERS):
-            return Path(folder)
-        parent = os.path.dirname(folder)
-        if parent == folder:
-            return None
-        folder = parent
 
 
 @dataclass(frozen=True)
@@ -103,6 +94,7 @@ class ProjectIndex:
         self._asked: dict[tuple[str, str], tuple[Path | None, dict[str, int]]] = {}
         self._expanded: dict[tuple[str, tuple[str, ...]], tuple[list[Path | None], dict[str, int]]] = {}
         self._mtimes: dict[str, int] = {}
+        self._digested: dict[str, str] = {}  # facts digests taken in this batch: path -> digest
         self._batch: object | None = None
 
     def forget_paths(self, path: str) -> None:
@@ -273,8 +265,17 @@ class ProjectIndex:
         return summary
 
     def facts_digest(self, path: Path) -> str:
-        """The digest of a file's summary: what a dependent's cache key holds. Taken from the manifest
-        while the file's modification time and size are those it was digested at."""
+        """The digest of a file's summary: what a dependent's cache key holds. From the manifest while
+        the file's mtime and size are those it was digested at; once per batch (``dependency_key``)."""
+        batched = self._batch is not None and self._consulted is not None  # (gathering, in a batch)
+        if batched and str(path) in self._digested:
+            return self._digested[str(path)]
+        digest = self._facts_digest(path)
+        if batched:
+            self._digested[str(path)] = digest
+        return digest
+
+    def _facts_digest(self, path: Path) -> str:
         try:
             stat = path.stat()
         except OSError:
@@ -297,7 +298,7 @@ class ProjectIndex:
 
     @staticmethod
     def _digest(text: str) -> str:
-        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+        return text_digest(text)
 
     def summary_of(self, text: str, tree: ast.Module | None = None) -> Summary | None:
         """The summary of a text; ``tree`` (CPython's tree of that text, where the caller has it)
@@ -307,6 +308,8 @@ class ProjectIndex:
             return self._by_hash.get(digest)
         summary, packed = self._stored(digest, text, tree)
         self._by_hash.put(digest, summary, packed)
+        if summary is not None:
+            note_parsed(digest)
         return summary
 
     def outline_of(self, text: str, tree: ast.Module | None = None) -> Summary | None:
@@ -466,7 +469,8 @@ class ProjectIndex:
             stamp = os.stat(key).st_mtime_ns
         except OSError:
             return False
-        self._real_folders.setdefault(key, os.path.realpath(key))
+        if key not in self._real_folders:  # (not ``setdefault``: its argument is a realpath each time)
+            self._real_folders[key] = os.path.realpath(key)
         if known is None or known[0] != stamp:
             try:
                 names = frozenset(os.listdir(key))
@@ -523,13 +527,18 @@ class Project:
     own: Summary | None = None
     _answers: dict[str, Fact | None] = field(default_factory=dict)
     _walked: list[Path] | None = None  # the project's files, listed once per linted file
+    # (a Project lives for one file's lint, in which files do not change: see ``_summary``)
+    _summaries: dict[str, Summary | None] = field(default_factory=dict)
+    _reals: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def for_file(cls, path: str, text: str | None = None, store: Path | None = None) -> Project | None:
+    def for_file(
+        cls, path: str, text: str | None = None, store: Path | None = None, batch: object | None = None
+    ) -> Project | None:
         """The project of a file on disk, or None (stdin, a string, a file outside any project)."""
         if not path or path.startswith("<") or not os.path.isfile(path):
             return None
-        root = find_root(path)
+        root = find_root(path, batch)
         if root is None:
             return None
         index = index_for(str(root), str(store) if store else None)
@@ -550,13 +559,16 @@ class Project:
                 return True
         return False
 
-    def imported_facts(self, text: str, tree: ast.Module | None = None) -> list[Fact]:
+    def imported_facts(
+        self, text: str, tree: ast.Module | None = None, own: Summary | None = None
+    ) -> list[Fact]:
         """The functions and classes of other project files that the text imports: a name imported
         from a module, or every definition of a module imported whole. ``tree``: the text's CPython
-        tree, where the caller has parsed it (the engine's gate has)."""
+        tree, where the caller has parsed it (the engine's gate has); ``own``: its outline, where the
+        caller made it (``summary.outline``)."""
         if not self.imports_from_project(text):
             return []
-        own = self.index.outline_of(text, tree)
+        own = own or self.index.outline_of(text, tree)
         out: list[Fact] = []
         for target in own["imports"].values() if own else ():
             fact = self.lookup(target)
@@ -564,7 +576,7 @@ class Project:
                 out.append(fact)
                 continue
             file = self.index.module_file(target, self.path)
-            summary = self.index.summary(file) if file is not None else None
+            summary = self._summary(file) if file is not None else None
             if summary is not None:
                 out += [Fact(str(file), n, "function", f) for n, f in summary["functions"].items()]
                 out += [Fact(str(file), n, "class", f) for n, f in summary["classes"].items()]
@@ -591,7 +603,7 @@ class Project:
             file = self.index.module_file(module, importer)
             if file is None or self._real(file) == self._real(self.path):
                 continue
-            summary = self.index.summary(file)
+            summary = self._summary(file)
             if summary is None:
                 return None
             name = ".".join(parts[cut:])
@@ -608,7 +620,7 @@ class Project:
 
     def resolve_in(self, fact: Fact, name: str) -> str | None:
         """A name as written in ``fact``'s file, as a dotted target importable from there."""
-        summary = self.index.summary(Path(fact.path))
+        summary = self._summary(Path(fact.path))
         if summary is None:
             return None
         head, _, rest = name.partition(".")
@@ -646,7 +658,16 @@ class Project:
     def _real(self, path: Path) -> str:
         """A path with every link resolved (a lookup compares the file it found with the linted one
         for each dotted prefix of every name it resolves: the folders' answers are kept)."""
-        return self.index.real_path(str(path))
+        if str(path) not in self._reals:
+            self._reals[str(path)] = self.index.real_path(str(path))
+        return self._reals[str(path)]
+
+    def _summary(self, path: Path) -> Summary | None:
+        """``ProjectIndex.summary``, asked once per file while this file is linted (not with a stat
+        call for each name the rules resolve through it)."""
+        if str(path) not in self._summaries:
+            self._summaries[str(path)] = self.index.summary(path)
+        return self._summaries[str(path)]
 
     def _files(self) -> list[Path]:
         if self._walked is None:
@@ -679,7 +700,7 @@ def recorded_dependency_key(path: str, text: str, store: Path, batch: object | N
 
 
 def _key(path: str, text: str, store: Path | None, batch: object | None, recorded_only: bool) -> str | None:
-    project = Project.for_file(path, None, store)
+    project = Project.for_file(path, None, store, batch)
     if project is None:
         return ""
     with collector_paused():
@@ -757,7 +778,7 @@ def _callers_digest(project: Project, name: str) -> str:
     project._walked = None  # walked afresh: the walk's folders are stamped
     with _consulting(index) as folders:
         digest = answer_digest(project.callers(project.path, name))
-    stamps = {str(file): _file_stamp(index, file) for file in project._files()}
+    stamps = {str(file): file_stamp(index._by_stat.get(str(file)), file) for file in project._files()}
     index.keep_record(slot, folders, stamps, digest=digest)
     return digest
 
@@ -770,21 +791,10 @@ def _consulting(index: ProjectIndex, batch: object | None = None) -> Iterator[di
         index._asked.clear()
         index._expanded.clear()
         index._mtimes.clear()
+        index._digested.clear()
         index._batch = batch
     index._consulted = folders = {}
     try:
         yield folders
     finally:
         index._consulted = None
-
-
-def _file_stamp(index: ProjectIndex, file: Path) -> tuple[int, int]:
-    """A file's (mtime, size) when its summary was read, else now; (-1, -1) when it is not there."""
-    seen = index._by_stat.get(str(file))
-    if seen is not None:
-        return seen[0]
-    try:
-        info = os.stat(file)
-    except OSError:
-        return (-1, -1)
-    return (info.st_mtime_ns, info.st_size)

@@ -1,6 +1,6 @@
-"""Small helpers of the project index's store: digests of answers, the answer a dependency record
-holds, stamps of files and folders, atomic writes, and a pause of the cyclic garbage collector while
-summaries are built."""
+"""Small helpers of the project index: its root search, digests of texts and answers, the answer a
+dependency record holds, stamps of files and folders, atomic writes, the texts known to parse, and a
+pause of the cyclic garbage collector while summaries are built."""
 
 from __future__ import annotations
 
@@ -13,6 +13,64 @@ from collections.abc import Iterator
 from pathlib import Path
 from stat import S_ISDIR
 from typing import Any
+
+ROOT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
+
+
+# digests of the texts summarised in this process (each a text CPython parsed, with this Python: the
+# store of summaries is per trainlint, Python and libcst version): the lint of a file no rule can run
+# on needs CPython's verdict alone, and a summary of the same text is that verdict
+_PARSED: set[str] = set()
+_PARSED_KEPT = 100_000
+
+
+def parsed_before(digest: str | None = None) -> bool:
+    """Whether a summary of the text of this digest (``text_digest``) was made (or read) in this
+    process: CPython parses it. None: whether any was."""
+    return bool(_PARSED) and (digest is None or digest in _PARSED)
+
+
+def note_parsed(digest: str) -> None:
+    """Note that the text of this digest was summarised (so parsed)."""
+    if len(_PARSED) >= _PARSED_KEPT:  # (a long editor session)
+        _PARSED.clear()
+    _PARSED.add(digest)
+
+
+def text_digest(text: str) -> str:
+    """The digest a text is known by (its summary's name in the store)."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def find_root(path: str | os.PathLike[str], batch: object | None = None) -> Path | None:
+    """The project folder of a file: the nearest folder at or above it with a root marker. ``batch``:
+    a token shared by the lookups of one run (see ``dependency_key``), which ask each folder once."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if batch is None:
+        return _find_root(folder, {})
+    if _ROOTS[0] is not batch:
+        _ROOTS[:] = [batch, {}]
+    return _find_root(folder, _ROOTS[1])
+
+
+_ROOTS: list[Any] = [None, {}]  # the batch whose roots are known, and its folders' roots
+
+
+def _find_root(folder: str, known: dict[str, Path | None]) -> Path | None:
+    passed = []
+    while folder not in known:  # (strings, not pathlib: asked for every file of a warm run)
+        passed.append(folder)
+        if any(os.path.exists(os.path.join(folder, marker)) for marker in ROOT_MARKERS):
+            known[folder] = Path(folder)
+            break
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            known[folder] = None
+            break
+        folder = parent
+    root = known[folder]
+    known.update(dict.fromkeys(passed, root))
+    return root
 
 
 def answer_digest(answer: object) -> str:
@@ -36,6 +94,18 @@ def stat_stamp(file: str) -> str:
     except OSError:
         return "-1,-1"
     return f"{info.st_mtime_ns},{info.st_size}"
+
+
+def file_stamp(seen: tuple[tuple[int, int], str] | None, file: str | Path) -> tuple[int, int]:
+    """A file's (mtime, size) when its summary was read (``seen``: the index's note of it), else now;
+    (-1, -1) when it is not there."""
+    if seen is not None:
+        return seen[0]
+    try:
+        info = os.stat(file)
+    except OSError:
+        return (-1, -1)
+    return (info.st_mtime_ns, info.st_size)
 
 
 def split_joined(joined: str, separator: str = "\0") -> list[str]:

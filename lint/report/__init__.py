@@ -87,6 +87,8 @@ def plain(stream: object) -> bool:
 
 
 def _text(report: RunReport, options: OutputOptions) -> None:
+    if options.quiet and not report.findings and not options.statistics:
+        return  # --quiet prints the findings alone: nothing to draw, no rich to load (pre-commit's run)
     quiet_run = not (report.findings or report.errors or report.fixed or options.statistics or options.quiet)
     if quiet_run and plain(sys.stdout):
         # nothing to draw: no need to load rich for one uncoloured line (pre-commit, CI logs)

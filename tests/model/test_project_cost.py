@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import counting
 
 import trainlint.cache as cache_module
 from trainlint.cache import ResultCache, may_run_rules
@@ -51,19 +52,6 @@ def project(tmp_path: Path) -> Path:
     age(root)
     forget_indexes()
     return root
-
-
-def counting(monkeypatch, owner: object, name: str) -> list[tuple]:
-    """Record the arguments of every call of ``owner.name`` (which still runs)."""
-    calls: list[tuple] = []
-    original = getattr(owner, name)
-
-    def wrapper(*args, **kwargs):
-        calls.append(args)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(owner, name, wrapper)
-    return calls
 
 
 def job(root: Path, name: str) -> tuple[str, str, LintOptions]:
