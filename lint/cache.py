@@ -244,14 +244,14 @@ def may_run_rules(text: str, options: LintOptions) -> bool:
     the outcome (a syntax or decoding error at most) rests on no other file of the project."""
     if not options.prefilter:
         return True
-    from trainlint.gates import gates  # the generated data: neither libcst nor the rules
+    from trainlint.gates import raw_answers, selected_gates  # the generated data: no libcst, no rules
 
-    table = gates()
-    selected = [
-        g for g in (table.get(i.upper()) for i in options.rule_ids) if g is not None and not g.engine_only
-    ]
-    # (the cheap prefilters first: a project prefilter may hold a pattern, searched through the text)
-    return any(g.can_fire(text) for g in selected) or any(g.can_fire_in_project(text) for g in selected)
+    selected, answers = selected_gates(options.rule_ids), raw_answers(text)
+    # (the cheap prefilters first: a project prefilter may hold a pattern, searched through the text;
+    # the answers are kept for the engine's gate on the same text)
+    return any(answers.can_fire(g, text) for g in selected) or any(
+        answers.can_fire_in_project(g, text) for g in selected
+    )
 
 
 def entry_key(fingerprint: str, shown: str, options: LintOptions, text: str, secret: bytes = b"") -> str:

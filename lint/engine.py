@@ -26,7 +26,7 @@ from trainlint.files import (
     too_crowded,
     too_large,
 )
-from trainlint.gates import CodeFacts, Gate, code_facts, gates
+from trainlint.gates import CodeFacts, Gate, code_facts, gates, raw_answers, selected_gates
 from trainlint.model.project import Project
 from trainlint.model.stamps import parsed_before, text_digest
 from trainlint.model.summary import Summary, outline
@@ -386,12 +386,12 @@ def _code_gate(
     """The rules that may fire on the text (``active``) and the cross-file candidates (not active,
     their project prefilter passed, not ruled out by the code), with CPython's tree of the text (None
     where it rejects it or the prefilter is off), the nesting scan where made and the code's facts."""
-    table = gates()
-    rules = [
-        g for g in (table.get(i.upper()) for i in options.rule_ids) if g is not None and not g.engine_only
-    ]
-    active = [g for g in rules if not options.prefilter or g.can_fire(text)]
-    tree, nesting = _cpython_tree(text) if options.prefilter else (None, None)
+    rules = selected_gates(options.rule_ids)
+    if not options.prefilter:
+        return rules, [], None, None, None
+    answers = raw_answers(text)  # (those the result cache's key asked already are not asked again)
+    active = [g for g in rules if answers.can_fire(g, text)]
+    tree, nesting = _cpython_tree(text)
     facts = None
     if tree is not None and active:
         # CPython's tree is 12x cheaper than libcst's: a rule whose names are only in comments and
@@ -400,7 +400,7 @@ def _code_gate(
         facts = code_facts(tree)
         active = [g for g in active if g.in_code(facts.text)]
     # asked once per file: a project prefilter such as TL204's pattern is tried at every word of the text
-    crossfile = [g for g in rules if g not in active and g.can_fire_in_project(text)]
+    crossfile = [g for g in rules if g not in active and answers.can_fire_in_project(g, text)]
     if tree is not None:
         crossfile, facts = _project_candidates(tree, facts, crossfile)
     return active, crossfile, tree, nesting, facts

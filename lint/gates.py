@@ -227,6 +227,63 @@ def render() -> str:
     return "\n".join(lines)
 
 
+class RawAnswers:
+    """One text's answers to the rules' raw-text prefilters (``Gate.can_fire``,
+    ``Gate.can_fire_in_project``), each asked at most once: bits by the rule's place in ``gates()``."""
+
+    __slots__ = ("asked", "asked_project", "passed", "passed_project")
+
+    def __init__(self) -> None:
+        self.asked = self.passed = self.asked_project = self.passed_project = 0
+
+    def can_fire(self, gate: Gate, text: str) -> bool:
+        bit = _bits()[gate.id]
+        if not self.asked & bit:
+            self.asked |= bit
+            if gate.can_fire(text):
+                self.passed |= bit
+        return bool(self.passed & bit)
+
+    def can_fire_in_project(self, gate: Gate, text: str) -> bool:
+        bit = _bits()[gate.id]
+        if not self.asked_project & bit:
+            self.asked_project |= bit
+            if gate.can_fire_in_project(text):
+                self.passed_project |= bit
+        return bool(self.passed_project & bit)
+
+
+# The answers of the texts asked last, by digest (not the texts: a cold run keys every file, asking the
+# prefilters, before it lints one, which asks them again; a project prefilter such as TL204's pattern
+# is tried at every word of a text).
+_ANSWERS: dict[str, RawAnswers] = {}
+_ANSWERS_KEPT = 16_384
+
+
+def raw_answers(text: str) -> RawAnswers:
+    """The prefilters' answers for ``text``: those already given for the same text, and room for more."""
+    from trainlint.model.stamps import text_digest
+
+    digest = text_digest(text)
+    answers = _ANSWERS.get(digest)
+    if answers is None:
+        if len(_ANSWERS) >= _ANSWERS_KEPT:  # (a long editor session)
+            _ANSWERS.clear()
+        answers = _ANSWERS[digest] = RawAnswers()
+    return answers
+
+
+@functools.cache
+def _bits() -> dict[str, int]:
+    return {rid: 1 << place for place, rid in enumerate(gates())}
+
+
+def selected_gates(rule_ids: tuple[str, ...]) -> list[Gate]:
+    """The gates of the selected rules that the engine runs (not TL901/TL902), in selection order."""
+    table = gates()
+    return [g for g in (table.get(i.upper()) for i in rule_ids) if g is not None and not g.engine_only]
+
+
 @functools.cache
 def gates() -> dict[str, Gate]:
     """Every rule's gate, by id (upper case), in id order."""

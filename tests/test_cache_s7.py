@@ -198,3 +198,33 @@ def test_a_notebook_is_never_answered_by_the_gate(project: Path, tmp_path: Path,
     for _ in ("cold", "warm"):
         main(args)
         assert findings(capsys.readouterr().out) == expected
+
+
+# -- the raw prefilters are asked once per text --------------------------------------------------------
+@pytest.mark.parametrize("text", ["def helper(x):\n    return x + 1\n", QUIET, TRAIN])
+def test_no_prefilter_is_asked_twice_for_one_text(monkeypatch, text: str) -> None:
+    """The key's question (``may_run_rules``) and the gate (of the key or of the lint) share answers."""
+    from trainlint.gates import _ANSWERS, Gate
+
+    _ANSWERS.clear()
+    fired = counting(monkeypatch, Gate, "can_fire")
+    in_project = counting(monkeypatch, Gate, "can_fire_in_project")
+    may_run_rules(text, OPTIONS)
+    engine._code_gate(text, OPTIONS)
+    engine._code_gate(text, OPTIONS)
+    for calls in (fired, in_project):
+        asked = [gate.id for gate, _text in calls]
+        assert asked and len(asked) == len(set(asked))
+
+
+@pytest.mark.parametrize("text", ["def helper(x):\n    return x + 1\n", QUIET, TRAIN])
+def test_shared_answers_give_the_verdict_of_fresh_ones(text: str) -> None:
+    from trainlint.gates import _ANSWERS
+
+    _ANSWERS.clear()
+    fresh = engine._code_gate(text, OPTIONS)
+    _ANSWERS.clear()
+    may_run_rules(text, OPTIONS)
+    again = engine._code_gate(text, OPTIONS)
+    assert [g.id for g in again[0]] == [g.id for g in fresh[0]]
+    assert [g.id for g in again[1]] == [g.id for g in fresh[1]]

@@ -54,10 +54,10 @@ def main() -> int:
 
     real = cli._lint_one
 
-    def traced(job: Any, cache: Any = None) -> Any:
+    def traced(job: Any, cache: Any = None, **options: Any) -> Any:
         current[0] = job[1]
         try:
-            return real(job, cache)
+            return real(job, cache, **options)
         finally:
             current[0] = "<between files>"
 

@@ -16,7 +16,7 @@ import libcst as cst
 
 from trainlint.model.crossfile import project_optimizer_class, returned_callee
 from trainlint.model.filemodel import FileModel, Frame, Scope, Site
-from trainlint.model.syntax import attr_name, dotted, first_arg, receiver, walk
+from trainlint.model.syntax import attr_name, dotted, first_arg, receiver, walk, walk_scope
 from trainlint.model.vocab import (
     BACKWARD_NAMES,
     CHECKPOINT_FUNCTIONS,
@@ -442,3 +442,130 @@ def counts_loop_items(model: FileModel, expr: cst.BaseExpression, site: Site) ->
         and any(isinstance(t.target, cst.Name) and t.target.value == expr.value for t in s.node.targets)
     ]
     return bool(values) and _len_of_a_loop(model, values[-1], site)
+
+
+# -- the file's own helpers that a scope calls, and the events they run -------------------------------
+def called_scope(model: FileModel, site: Site) -> Scope | None:
+    """The scope of the file's own function or method (``f()``, ``self.f()``) the call at ``site`` runs."""
+    function = model.local_callee(site)
+    return model.scope_for(function) if function is not None else None
+
+
+def helper_scopes(model: FileModel, scope: Scope) -> list[Scope]:
+    """The scopes of the file's own functions and ``self.`` methods that ``scope`` calls directly: a
+    trainer's loop often calls a ``backward_step`` and an ``optimizer_step`` method."""
+    out: list[Scope] = []
+    for site in model.calls:
+        if site.scope is not scope:
+            continue
+        found = called_scope(model, site)
+        if found is not None and found is not scope and all(found is not s for s in out):
+            out.append(found)
+    return out
+
+
+def sites_doing(model: FileModel, scope: Scope, *kinds: EventKind | str) -> list[Site]:
+    """The calls in ``scope`` that are events of ``kinds``, and the calls in ``scope`` of the file's own
+    functions or methods whose body has such an event (one level: ``self.optimizer_step()``), in order."""
+    training = model.training
+    out = [e.site for e in training.events_in(scope, *kinds)]
+    for site in model.calls:
+        if site.scope is not scope:
+            continue
+        found = called_scope(model, site)
+        if found is not None and found is not scope and training.events_in(found, *kinds):
+            out.append(site)
+    return sorted(out, key=lambda s: s.order)
+
+
+def backward_sites(model: FileModel) -> list[Site]:
+    """Every backward, and every call of a function or method of the file that runs one."""
+    scopes = {id(s.scope): s.scope for s in model.calls}
+    return [
+        site for scope in scopes.values() for site in sites_doing(model, scope, "backward", "scaled_backward")
+    ]
+
+
+# Anything in a scope that controls DDP's gradient synchronisation during accumulation.
+SYNC_CONTROLS = frozenset(
+    {"no_sync", "no_backward_sync", "require_backward_grad_sync", "accumulate", "skip_sync", "sync_gradients"}
+)
+
+
+def mentions_sync_control(scope: Scope) -> bool:
+    """The scope names something that controls DDP's gradient synchronisation (``model.no_sync()``,
+    ``require_backward_grad_sync``, ``accelerator.accumulate``, Fabric's ``no_backward_sync``...)."""
+    for node in walk_scope(scope.node):
+        if isinstance(node, cst.Attribute) and node.attr.value in SYNC_CONTROLS:
+            return True
+        if isinstance(node, cst.Name) and node.value in SYNC_CONTROLS:
+            return True
+    return False
+
+
+# -- models prepared by Accelerate ----------------------------------------------------------------------
+def accelerate_prepare_calls(model: FileModel) -> list[Site]:
+    """The ``<accelerator>.prepare(...)`` calls of the file: a ``prepare`` method of a receiver whose
+    dotted name mentions "accelerator" (``accelerator``, ``self.accelerator``)."""
+    out = []
+    for site in model.calls:
+        call = site.node
+        assert isinstance(call, cst.Call)
+        if attr_name(call) == "prepare" and "accelerator" in (dotted(receiver(call)) or "").lower():
+            out.append(site)
+    return out
+
+
+def prepared_models(model: FileModel) -> set[str]:
+    """Dotted names bound to what ``accelerator.prepare(...)`` returns: Accelerate wraps the model in
+    DistributedDataParallel when it runs on several processes. Unpacked (``model, opt =
+    accelerator.prepare(model, opt)``) or indexed once (``self.model = prepared[0]``); the other
+    prepared objects (optimizer, loaders) are never called like a model, so callers that look for a
+    called model are not misled by them.
+    None in a file that sets Accelerate up for DeepSpeed or FSDP: ``accelerator.backward`` then hands
+    the loss to the DeepSpeed engine, which owns the accumulation window (Accelerate's own test scripts
+    read their accumulation count from the DeepSpeed config), and under FSDP skipping the
+    reduce-scatter keeps unsharded gradients, a memory trade-off rather than a plain waste."""
+    bound: set[str] = set()
+    if any(names_other_engine(node) for node in walk(model.module)):
+        return bound
+    for site in accelerate_prepare_calls(model):
+        bound.update(bound_names(site.statement, site.node))
+    if not bound:
+        return bound
+    for node in walk(model.module):
+        if isinstance(node, cst.Assign) and isinstance(node.value, cst.Subscript):
+            if dotted(node.value.value) in bound:
+                bound.update(bound_names(node, node.value))
+    return bound
+
+
+def bound_names(statement: cst.CSTNode | None, value: cst.CSTNode) -> set[str]:
+    """The dotted names ``statement`` assigns ``value`` to, tuples and lists unpacked
+    (``model, opt = value``)."""
+    smalls = statement.body if isinstance(statement, cst.SimpleStatementLine) else [statement]
+    out: set[str] = set()
+    for small in smalls:
+        if isinstance(small, cst.Assign) and small.value is value:
+            for target in small.targets:
+                node = target.target
+                elements = (
+                    [e.value for e in node.elements] if isinstance(node, cst.Tuple | cst.List) else [node]
+                )
+                out.update(k for k in map(dotted, elements) if k)
+    return out
+
+
+# Names that set Accelerate up for an engine other than DDP (see ``prepared_models``).
+OTHER_ENGINES = ("deepspeed", "fsdp", "fullyshardeddataparallel")
+
+
+def names_other_engine(node: cst.CSTNode) -> bool:
+    """A name or attribute that mentions DeepSpeed or FSDP (``use_deepspeed``, ``FSDPPlugin``)."""
+    if isinstance(node, cst.Attribute):
+        name = node.attr.value.lower()
+    elif isinstance(node, cst.Name):
+        name = node.value.lower()
+    else:
+        return False
+    return any(engine in name for engine in OTHER_ENGINES)

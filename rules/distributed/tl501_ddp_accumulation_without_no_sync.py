@@ -11,14 +11,20 @@ from trainlint.model import (
     FileModel,
     Scope,
     Site,
-    attr_name,
     dotted,
     innermost_loop,
-    receiver,
     walk,
     walk_scope,
 )
-from trainlint.model.training import ddp_models, is_step_count_name
+from trainlint.model.training import (
+    backward_sites,
+    ddp_models,
+    helper_scopes,
+    is_step_count_name,
+    mentions_sync_control,
+    prepared_models,
+    sites_doing,
+)
 
 
 class DdpAccumulationWithoutNoSync(Rule):
@@ -218,11 +224,11 @@ class DdpAccumulationWithoutNoSync(Rule):
         if not wrapped:
             return
         checked: dict[int, str | None] = {}
-        for backward in _backward_sites(model):
+        for backward in backward_sites(model):
             scope = backward.scope
             if id(scope) not in checked:
-                helpers = [scope, *_helper_scopes(model, scope)]
-                synced = any(_mentions_sync_control(s) for s in helpers)
+                helpers = [scope, *helper_scopes(model, scope)]
+                synced = any(mentions_sync_control(s) for s in helpers)
                 checked[id(scope)] = None if synced else self._ddp_model_used(helpers, wrapped)
             used = checked[id(scope)]
             step = self._accumulation_step(model, backward) if used is not None else None
@@ -267,7 +273,7 @@ class DdpAccumulationWithoutNoSync(Rule):
         """The optimizer step that makes ``backward`` part of an accumulation window, or None."""
         training = model.training
         loop = innermost_loop(backward)
-        steps = _sites_doing(model, backward.scope, "step", "scaler_step")
+        steps = sites_doing(model, backward.scope, "step", "scaler_step")
         if loop is None:
             return None
         for step in steps:
@@ -286,112 +292,3 @@ class DdpAccumulationWithoutNoSync(Rule):
                 if step.order > backward.order and not any(f.node is loop.node for f in step.frames):
                     return step
         return None
-
-
-# Anything in the scope that controls DDP's gradient synchronisation during accumulation.
-SYNC_CONTROLS = frozenset(
-    {"no_sync", "no_backward_sync", "require_backward_grad_sync", "accumulate", "skip_sync", "sync_gradients"}
-)
-
-
-def _mentions_sync_control(scope: Scope) -> bool:
-    for node in walk_scope(scope.node):
-        if isinstance(node, cst.Attribute) and node.attr.value in SYNC_CONTROLS:
-            return True
-        if isinstance(node, cst.Name) and node.value in SYNC_CONTROLS:
-            return True
-    return False
-
-
-def _helper_scopes(model: FileModel, scope: Scope) -> list[Scope]:
-    """The scopes of the file's own functions and ``self.`` methods that ``scope`` calls directly: a
-    trainer's loop often calls a ``backward_step`` and an ``optimizer_step`` method."""
-    out: list[Scope] = []
-    for site in model.calls:
-        if site.scope is not scope:
-            continue
-        function = model.local_callee(site)
-        found = model.scope_for(function) if function is not None else None
-        if found is not None and found is not scope and all(found is not s for s in out):
-            out.append(found)
-    return out
-
-
-def _sites_doing(model: FileModel, scope: Scope, *kinds: str) -> list[Site]:
-    """The calls in ``scope`` that are events of ``kinds``, and the calls in ``scope`` of the file's own
-    functions or methods whose body has such an event (one level: ``self.optimizer_step()``)."""
-    training = model.training
-    out = [e.site for e in training.events_in(scope, *kinds)]
-    for site in model.calls:
-        if site.scope is not scope:
-            continue
-        function = model.local_callee(site)
-        found = model.scope_for(function) if function is not None else None
-        if found is not None and found is not scope and training.events_in(found, *kinds):
-            out.append(site)
-    return sorted(out, key=lambda s: s.order)
-
-
-def _backward_sites(model: FileModel) -> list[Site]:
-    """Every backward, and every call of a function or method of the file that runs one."""
-    scopes = {id(s.scope): s.scope for s in model.calls}
-    return [
-        site
-        for scope in scopes.values()
-        for site in _sites_doing(model, scope, "backward", "scaled_backward")
-    ]
-
-
-def prepared_models(model: FileModel) -> set[str]:
-    """Dotted names bound to what ``accelerator.prepare(...)`` returns: Accelerate wraps the model in
-    DistributedDataParallel when it runs on several processes. Unpacked (``model, opt =
-    accelerator.prepare(model, opt)``) or indexed once (``self.model = prepared[0]``); the other
-    prepared objects (optimizer, loaders) are never called like a model, so they do no harm here.
-    None in a file that sets Accelerate up for DeepSpeed or FSDP: ``accelerator.backward`` then hands
-    the loss to the DeepSpeed engine, which owns the accumulation window (Accelerate's own test scripts
-    read their accumulation count from the DeepSpeed config), and under FSDP skipping the
-    reduce-scatter keeps unsharded gradients, a memory trade-off rather than a plain waste."""
-    bound: set[str] = set()
-    if any(_names_other_engine(node) for node in walk(model.module)):
-        return bound
-    for site in model.calls:
-        call = site.node
-        assert isinstance(call, cst.Call)
-        if attr_name(call) != "prepare" or "accelerator" not in (dotted(receiver(call)) or "").lower():
-            continue
-        bound.update(_assigned_names(site.statement, call))
-    if not bound:
-        return bound
-    for node in walk(model.module):
-        if isinstance(node, cst.Assign) and isinstance(node.value, cst.Subscript):
-            if dotted(node.value.value) in bound:
-                bound.update(_assigned_names(node, node.value))
-    return bound
-
-
-def _assigned_names(statement: cst.CSTNode | None, value: cst.CSTNode) -> set[str]:
-    smalls = statement.body if isinstance(statement, cst.SimpleStatementLine) else [statement]
-    out: set[str] = set()
-    for small in smalls:
-        if isinstance(small, cst.Assign) and small.value is value:
-            for target in small.targets:
-                node = target.target
-                elements = (
-                    [e.value for e in node.elements] if isinstance(node, cst.Tuple | cst.List) else [node]
-                )
-                out.update(k for k in map(dotted, elements) if k)
-    return out
-
-
-# Names that set Accelerate up for an engine other than DDP (see ``prepared_models``).
-OTHER_ENGINES = ("deepspeed", "fsdp", "fullyshardeddataparallel")
-
-
-def _names_other_engine(node: cst.CSTNode) -> bool:
-    if isinstance(node, cst.Attribute):
-        name = node.attr.value.lower()
-    elif isinstance(node, cst.Name):
-        name = node.value.lower()
-    else:
-        return False
-    return any(engine in name for engine in OTHER_ENGINES)

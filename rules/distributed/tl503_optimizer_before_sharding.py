@@ -8,7 +8,7 @@ import libcst as cst
 
 from trainlint.api import Diagnostic, Invalid, Rule, RuleDoc, Severity
 from trainlint.model import FileModel, Site, attr_name, dotted, exclusive, positional
-from trainlint.model.training import OPTIMIZER_NAME, mentions_parameters_of
+from trainlint.model.training import OPTIMIZER_NAME, accelerate_prepare_calls, mentions_parameters_of
 from trainlint.model.vocab import FSDP_CLASSES, FULLY_SHARD
 from trainlint.rules.distributed._sharding import assigned_names, keyword_is, sharded_in_place, wraps
 
@@ -216,12 +216,9 @@ class OptimizerBeforeSharding(Rule):
 
 def _prepared_alone(model: FileModel) -> Iterator[tuple[Site, str]]:
     """``accelerator.prepare(model, ...)`` calls, with the model's name (the first argument)."""
-    for site in model.calls:
-        call = site.node
-        assert isinstance(call, cst.Call)
-        if attr_name(call) != "prepare" or "accelerator" not in (dotted(call.func) or "").lower():
-            continue
-        args = positional(call)
+    for site in accelerate_prepare_calls(model):
+        assert isinstance(site.node, cst.Call)
+        args = positional(site.node)
         inner = dotted(args[0]) if args else None
         if inner:
             yield site, inner
