@@ -301,14 +301,15 @@ class ResultCache:
         self._keys: dict[Job, tuple[bytes, str]] = {}  # looked up, not stored yet: (text digest, key)
         self._quiet: dict[Job, str] = {}  # keyed as proven quiet by the gate, not answered yet
         self._batch = object()  # this run's keys share their module lookups (``dependency_key``)
+        self._ready: set[str] = set()  # entry folders this run made or found safe to write into
 
     def __getstate__(self) -> dict[str, Any]:
         # workers get the folder and secrets, not the keys of the files looked up
-        return {k: v for k, v in self.__dict__.items() if k not in ("_keys", "_quiet", "_batch")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_keys", "_quiet", "_batch", "_ready")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._keys, self._quiet, self._batch = {}, {}, object()
+        self._keys, self._quiet, self._batch, self._ready = {}, {}, object(), set()
 
     def problem(self) -> str | None:
         """Why this cache must not be used (its folder or version folder is a link, a file, another
@@ -465,12 +466,22 @@ class ResultCache:
         self._keys.pop(job, None)
         try:
             self._prepare()
-            folder = os.path.dirname(target)
-            os.makedirs(folder, exist_ok=True)
-            if folder_problem(Path(folder)) is None:  # never write through a planted link
+            if self._entry_folder_ready(os.path.dirname(target)):
                 self._write_json(target, payload)
         except OSError:
             pass  # a read-only or full disk only costs speed
+
+    def _entry_folder_ready(self, folder: str) -> bool:
+        """Whether entries may be written into ``folder``, made if needed: never through a planted link.
+        Checked once per run (this cache object) and folder: a cold run stores an entry for every file,
+        a mkdir and an lstat call each, where 256 folders hold them all."""
+        if folder in self._ready:
+            return True
+        os.makedirs(folder, exist_ok=True)
+        if folder_problem(Path(folder)) is not None:
+            return False
+        self._ready.add(folder)
+        return True
 
     @staticmethod
     def _write_json(target: str | Path, payload: object) -> None:

@@ -34,6 +34,7 @@ from typing import Any
 from trainlint.model.index_imports import import_targets, may_receive_scaler, receives_scaler
 from trainlint.model.index_memory import Shelf
 from trainlint.model.stamps import (
+    RunStamps,
     answer_digest,
     collector_paused,
     file_stamp,
@@ -42,7 +43,6 @@ from trainlint.model.stamps import (
     note_parsed,
     recorded_answer,
     split_joined,
-    stat_stamp,
     text_digest,
     write_atomic,
 )
@@ -96,6 +96,7 @@ class ProjectIndex:
         self._mtimes: dict[str, int] = {}
         self._digested: dict[str, str] = {}  # facts digests taken in this batch: path -> digest
         self._batch: object | None = None
+        self._stamped = RunStamps()  # the stamps ``recorded`` compares
 
     def forget_paths(self, path: str) -> None:
         """Start a new file's lint: resolutions are kept only for the same file within a second (its
@@ -171,20 +172,19 @@ class ProjectIndex:
     # lookups and the walk consulted (an entry added, removed or renamed changes them) and the stamps
     # (mtime, size) of the files read. Checking it is one stat call per folder and file (stamps kept
     # as one string each: one comparison, and fast to read); any difference gathers afresh.
-    def recorded(self, slot: str) -> dict[str, Any] | None:
-        """The record kept under ``slot`` while every stamp in it still holds; None otherwise."""
+    def recorded(self, slot: str, batch: object | None = None) -> dict[str, Any] | None:
+        """The record under ``slot`` while every stamp in it holds (``RunStamps``: ``batch``), else None."""
         record = self._records.get(slot)
         if record is None:
             record = self._remember(slot, self._read_record(slot) or {})
+        stamped = self._stamped
+        stamped.start(batch)
         try:
-            if (
-                " ".join(str(folder_mtime(folder)) for folder in split_joined(record["folders"]))
-                != record["stamps"]
-            ):
+            if " ".join(map(stamped.folder, split_joined(record["folders"]))) != record["stamps"]:
                 return None
             files, stamps = split_joined(record["files"]), split_joined(record["file_stamps"], " ")
             if len(files) != len(stamps) or any(
-                stat_stamp(f) != s for f, s in zip(files, stamps, strict=True)
+                stamped.file(f) != s for f, s in zip(files, stamps, strict=True)
             ):
                 return None
         except (ValueError, TypeError, KeyError, AttributeError):
@@ -709,7 +709,7 @@ def _key(path: str, text: str, store: Path | None, batch: object | None, recorde
             return None
         parts, scaler = found
         for name in scaler:
-            parts.append(f"callers:{name}={_callers_digest(project, name)}")
+            parts.append(f"callers:{name}={_callers_digest(project, name, batch)}")
     project.index.save_manifest()
     return answer_digest(parts) if parts else ""
 
@@ -722,7 +722,7 @@ def _dependencies(
     the same text, or for a text with the same imports (an edit elsewhere in the file, pre-commit's
     case: the files they lead to are the record's, checked by their stamps)."""
     index, slot = project.index, str(project.path)
-    record = index.recorded(slot)
+    record = index.recorded(slot, batch)
     digest = index._digest(text)
     answer = recorded_answer(record, "text", digest)
     if answer is not None or recorded_only:
@@ -768,11 +768,11 @@ def _dependencies(
     return [f"{f}={d}" for f, d in zip(found, digests, strict=True)], scaler
 
 
-def _callers_digest(project: Project, name: str) -> str:
+def _callers_digest(project: Project, name: str, batch: object | None = None) -> str:
     """The digest of the calls of ``name`` (of the linted file) made in other project files; from its
     record while the project's folders and every file in them are as they were."""
     index, slot = project.index, f"{project.path}\0callers:{name}"
-    record = index.recorded(slot)
+    record = index.recorded(slot, batch)
     if record is not None and isinstance(record.get("digest"), str):
         return str(record["digest"])
     project._walked = None  # walked afresh: the walk's folders are stamped
