@@ -19,6 +19,7 @@ import functools
 import keyword
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -229,28 +230,28 @@ def render() -> str:
 
 class RawAnswers:
     """One text's answers to the rules' raw-text prefilters (``Gate.can_fire``,
-    ``Gate.can_fire_in_project``), each asked at most once: bits by the rule's place in ``gates()``."""
+    ``Gate.can_fire_in_project``), each asked at most once: bits by the rule's place in ``gates()``,
+    one pair of masks (asked, passed) per kind of prefilter."""
 
-    __slots__ = ("asked", "asked_project", "passed", "passed_project")
+    __slots__ = ("asked", "passed")
 
     def __init__(self) -> None:
-        self.asked = self.passed = self.asked_project = self.passed_project = 0
+        self.asked = [0, 0]
+        self.passed = [0, 0]
 
     def can_fire(self, gate: Gate, text: str) -> bool:
-        bit = _bits()[gate.id]
-        if not self.asked & bit:
-            self.asked |= bit
-            if gate.can_fire(text):
-                self.passed |= bit
-        return bool(self.passed & bit)
+        return self._answer(0, gate.id, gate.can_fire, text)
 
     def can_fire_in_project(self, gate: Gate, text: str) -> bool:
-        bit = _bits()[gate.id]
-        if not self.asked_project & bit:
-            self.asked_project |= bit
-            if gate.can_fire_in_project(text):
-                self.passed_project |= bit
-        return bool(self.passed_project & bit)
+        return self._answer(1, gate.id, gate.can_fire_in_project, text)
+
+    def _answer(self, kind: int, rule_id: str, ask: Callable[[str], bool], text: str) -> bool:
+        bit = _bits()[rule_id]
+        if not self.asked[kind] & bit:
+            self.asked[kind] |= bit
+            if ask(text):
+                self.passed[kind] |= bit
+        return bool(self.passed[kind] & bit)
 
 
 # The answers of the texts asked last, by digest (not the texts: a cold run keys every file, asking the

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,15 @@ from trainlint.engine import lint_source
 from trainlint.rule import Finding
 
 ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "fixtures"
+# the installed torch package's sources, found without importing torch (a corpus of real code)
+TORCH_PACKAGE = (
+    Path(sys.prefix)
+    / "lib"
+    / f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    / "site-packages"
+    / "torch"
+)
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -60,6 +72,40 @@ def lint_project(root: Path, files: dict[str, str], target: str, monkeypatch, ca
     capsys.readouterr()
     assert run(["--no-cache", "--format", "json", target]) in (0, 1)
     return json.loads(capsys.readouterr().out)["findings"]
+
+
+def callers_project(root: Path) -> Path:
+    """A project whose ``train.scaled_step`` receives a GradScaler, called from ``jobs/a.py``, beside five
+    files that never name it: the callers question must read only the first."""
+    (root / "jobs").mkdir(parents=True)
+    (root / "pyproject.toml").write_text("")
+    (root / "train.py").write_text("def scaled_step(loss, scaler):\n    scaler.scale(loss).backward()\n")
+    (root / "jobs" / "a.py").write_text(
+        "from train import scaled_step\ndef run(l, s):\n    scaled_step(l, s)\n"
+    )
+    for i in range(5):
+        (root / "jobs" / f"other{i}.py").write_text(f"def f{i}(x):\n    return x + {i}\n")
+    return root
+
+
+def age(root: Path, seconds: float = 3600) -> None:
+    """Date ``root`` and every file and folder in it ``seconds`` back: dependency records of them are
+    past the racy window (stamps within 2 s of the clock are never recorded)."""
+    past = time.time() - seconds
+    for path in [root, *root.rglob("*")]:
+        os.utime(path, (past, past))
+
+
+def closed_pipe_run(command: list[str], cwd: Path, stderr_too: bool) -> subprocess.CompletedProcess[bytes]:
+    """``command`` with stdout (and stderr) a pipe nobody reads: the first write of any output fails."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run(
+            command, cwd=cwd, stdout=write, stderr=write if stderr_too else subprocess.PIPE, timeout=300
+        )
+    finally:
+        os.close(write)
 
 
 def counting(monkeypatch, owner: object, name: str) -> list[tuple]:

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import counting
+from conftest import age, counting
 
 import trainlint.cache as cache_module
 import trainlint.engine as engine
@@ -45,8 +45,7 @@ def project(tmp_path: Path) -> Path:
     (root / "pyproject.toml").write_text("")
     (root / "config.py").write_text(QUIET)
     (root / "train.py").write_text(TRAIN)
-    for path in [root, *root.rglob("*")]:
-        os.utime(path, (PAST, PAST))
+    age(root)
     forget_indexes()
     engine._VERDICTS.clear()
     return root

@@ -5,34 +5,17 @@ a notebook whose JSON nests too deep for the parser is TL902, not an internal er
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import closed_pipe_run
 
 from trainlint.cli import run
 from trainlint.rule import registry
 
 COMMAND = [sys.executable, "-m", "trainlint"]
 BAD = "from torch.utils.checkpoint import checkpoint\ny = checkpoint(f, x)\n"
-
-
-def closed_pipe_run(args: list[str], cwd: Path, stderr_too: bool) -> subprocess.CompletedProcess[bytes]:
-    """The command with stdout (and stderr) a pipe nobody reads: the first write of any output fails."""
-    read, write = os.pipe()
-    os.close(read)
-    try:
-        return subprocess.run(
-            [*COMMAND, *args],
-            cwd=cwd,
-            stdout=write,
-            stderr=write if stderr_too else subprocess.PIPE,
-            timeout=300,
-        )
-    finally:
-        os.close(write)
 
 
 @pytest.mark.slow  # (each imports torch in a fresh process)
@@ -51,7 +34,7 @@ def test_subcommands_keep_their_exit_code_when_the_reader_goes_away(
     tmp_path: Path, args: list[str], stderr_too: bool, code: int
 ) -> None:
     (tmp_path / "fail.py").write_text("raise ValueError('planted')\n")
-    proc = closed_pipe_run(args, tmp_path, stderr_too)
+    proc = closed_pipe_run([*COMMAND, *args], tmp_path, stderr_too)
     assert proc.returncode == code, proc.stderr
     assert b"Traceback" not in (proc.stderr or b"") and b"Exception ignored" not in (proc.stderr or b"")
 

@@ -3,12 +3,11 @@ goes away: the usage error's exit code, no traceback."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import closed_pipe_run
 
 
 @pytest.mark.slow  # (imports torch in a fresh process)
@@ -17,17 +16,7 @@ def test_memory_module_keeps_its_exit_code_when_the_reader_goes_away(
     tmp_path: Path, stderr_closed: bool
 ) -> None:
     pytest.importorskip("torch")
-    read, write = os.pipe()
-    os.close(read)
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "trainlint.memory.cli", "--no-such-option"],
-            cwd=tmp_path,
-            stdout=write,
-            stderr=write if stderr_closed else subprocess.PIPE,
-            timeout=300,
-        )
-    finally:
-        os.close(write)
+    command = [sys.executable, "-m", "trainlint.memory.cli", "--no-such-option"]
+    proc = closed_pipe_run(command, tmp_path, stderr_closed)
     assert proc.returncode == 2, proc.stderr
     assert b"Traceback" not in (proc.stderr or b"") and b"Exception ignored" not in (proc.stderr or b"")

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import ast
 import re
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import FIXTURES, TORCH_PACKAGE
 
 from trainlint.engine import _tree_depth, lint_text
 from trainlint.gates import code_atom, code_facts, code_text, gates
@@ -20,15 +20,6 @@ from trainlint.gates import occurs as occurs_in
 from trainlint.results import LintOptions
 from trainlint.rule import Invalid, registry
 
-REPO = Path(__file__).resolve().parent.parent
-FIXTURES = REPO / "fixtures"
-TORCH = (
-    Path(sys.prefix)
-    / "lib"
-    / f"python{sys.version_info[0]}.{sys.version_info[1]}"
-    / "site-packages"
-    / "torch"
-)
 ALL = tuple(registry().ids())
 GATED = [r for r in registry() if r.gate]
 
@@ -56,8 +47,8 @@ def _sources() -> list[str]:
     for rule in registry():
         out += [*rule.valid, *(example.code for example in rule.invalid)]
     out += [p.read_text(encoding="utf-8") for p in sorted(FIXTURES.rglob("*.py"))]
-    if TORCH.is_dir():
-        out += [p.read_text(encoding="utf-8") for p in sorted(TORCH.rglob("*.py"))[::40]]
+    if TORCH_PACKAGE.is_dir():
+        out += [p.read_text(encoding="utf-8") for p in sorted(TORCH_PACKAGE.rglob("*.py"))[::40]]
     return out
 
 

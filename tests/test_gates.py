@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import FIXTURES, TORCH_PACKAGE
 
 import trainlint.engine as engine
 from trainlint import gates_data
@@ -19,15 +20,6 @@ from trainlint.gates import code_text, gates, record, rule_ids
 from trainlint.results import LintOptions
 from trainlint.rule import Call, Imports, registry
 
-REPO = Path(__file__).resolve().parent.parent
-FIXTURES = REPO / "fixtures"
-TORCH = (
-    Path(sys.prefix)
-    / "lib"
-    / f"python{sys.version_info[0]}.{sys.version_info[1]}"
-    / "site-packages"
-    / "torch"
-)
 ALL = tuple(registry().ids())
 
 
@@ -39,7 +31,7 @@ def _examples() -> list[str]:
 
 
 def _torch_files(step: int) -> list[Path]:
-    files = sorted(TORCH.rglob("*.py"))[::step] if TORCH.is_dir() else []
+    files = sorted(TORCH_PACKAGE.rglob("*.py"))[::step] if TORCH_PACKAGE.is_dir() else []
     return [p for p in files if p.stat().st_size < 200_000]
 
 
@@ -156,7 +148,7 @@ def test_the_gate_never_changes_findings_on_real_code() -> None:
     rejected = 0
     for path in files[::6]:
         text = path.read_text(encoding="utf-8")
-        name = path.relative_to(TORCH).as_posix()
+        name = path.relative_to(TORCH_PACKAGE).as_posix()
         on = lint_text(text, name, LintOptions(ALL))
         off = lint_text(text, name, LintOptions(ALL, prefilter=False))
         assert (on.findings, on.errors) == (off.findings, off.errors), name

@@ -115,16 +115,12 @@ class RunStamps:
         self._batch = batch
 
     def folder(self, folder: str) -> str:
-        if self._batch is None:
-            return str(folder_mtime(folder))
-        if folder not in self._folders:
+        if self._batch is None or folder not in self._folders:
             self._folders[folder] = str(folder_mtime(folder))
         return self._folders[folder]
 
     def file(self, file: str) -> str:
-        if self._batch is None:
-            return stat_stamp(file)
-        if file not in self._files:
+        if self._batch is None or file not in self._files:
             self._files[file] = stat_stamp(file)
         return self._files[file]
 

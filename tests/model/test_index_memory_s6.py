@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import callers_project
 
 from trainlint.engine import lint_text
 from trainlint.model import project as project_module
@@ -89,15 +90,7 @@ def test_an_index_holds_at_most_its_bound_as_data(one_kept: None) -> None:
 
 
 def test_the_callers_question_decodes_only_summaries_naming_the_function(tmp_path: Path, monkeypatch) -> None:
-    root = tmp_path / "p"
-    (root / "jobs").mkdir(parents=True)
-    (root / "pyproject.toml").write_text("")
-    (root / "train.py").write_text("def scaled_step(loss, scaler):\n    scaler.scale(loss).backward()\n")
-    (root / "jobs" / "a.py").write_text(
-        "from train import scaled_step\ndef run(l, s):\n    scaled_step(l, s)\n"
-    )
-    for i in range(5):
-        (root / "jobs" / f"other{i}.py").write_text(f"def f{i}(x):\n    return x + {i}\n")
+    root = callers_project(tmp_path / "p")
     monkeypatch.setattr(project_module, "Shelf", lambda: Shelf(kept=1))
     forget_indexes()
     project = project_module.Project.for_file(str(root / "train.py"))

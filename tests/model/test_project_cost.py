@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import counting
+from conftest import age, callers_project, counting
 
 import trainlint.cache as cache_module
 from trainlint.cache import ResultCache, may_run_rules
@@ -33,12 +33,6 @@ TRAIN = (
     "        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n        scaler.step(opt)\n"
 )
 PLAIN = "from helpers import convert\n\nVALUE = 1\n"  # imports from the project, but no rule can run
-
-
-def age(root: Path) -> None:
-    """Date every file and folder an hour back: records of them are past the racy window."""
-    for path in [root, *root.rglob("*")]:
-        os.utime(path, (PAST, PAST))
 
 
 @pytest.fixture
@@ -156,15 +150,7 @@ def test_a_runs_lookups_are_answered_once_and_a_later_run_sees_a_new_module(
 
 
 def test_the_callers_question_summarises_only_files_naming_the_function(tmp_path: Path, monkeypatch) -> None:
-    root = tmp_path / "p"
-    (root / "jobs").mkdir(parents=True)
-    (root / "pyproject.toml").write_text("")
-    (root / "train.py").write_text("def scaled_step(loss, scaler):\n    scaler.scale(loss).backward()\n")
-    (root / "jobs" / "a.py").write_text(
-        "from train import scaled_step\ndef run(l, s):\n    scaled_step(l, s)\n"
-    )
-    for i in range(5):
-        (root / "jobs" / f"other{i}.py").write_text(f"def f{i}(x):\n    return x + {i}\n")
+    root = callers_project(tmp_path / "p")
     forget_indexes()
     summarised = counting(monkeypatch, project_module, "summarize")
     project = Project.for_file(str(root / "train.py"))
