@@ -1,6 +1,6 @@
 """The result cache: one small JSON file per (file content, trainlint code, rule set, options) key.
 
-Layout: ``<cache dir>/<code fingerprint>/<key[:2]>/<key>.json``. The key hashes the file's decoded
+Layout: ``<cache dir>/<code fingerprint>/<key[:1]>/<key>.json``. The key hashes the file's decoded
 text (what the engine sees), the path it is reported under and the per-file options (the active rules after ``per-file-ignores``,
 severity overrides, the prefilter switch); the fingerprint hashes trainlint's own source, its version,
 the Python and libcst versions (kept in the cache folder with the sources' stamps, signed: a run whose
@@ -371,13 +371,13 @@ class ResultCache:
         return entry_key(self.fingerprint, job[1], job[2], f"{text}\0no rules", self.secret)
 
     def _file(self, key: str) -> str:
-        return os.path.join(self._root, key[:2], key + ".json")
+        return os.path.join(self._root, key[:1], key + ".json")  # (16 folders: a cold run makes each)
 
     def _read(self, key: str) -> bytes | None:
         """An entry's bytes, reached through no link at any level below the cache folder."""
         flags = os.O_RDONLY | _NOFOLLOW | getattr(os, "O_DIRECTORY", 0)
         try:
-            folder = os.open(os.path.join(self._root, key[:2]), flags)
+            folder = os.open(os.path.join(self._root, key[:1]), flags)
         except OSError:
             return None
         try:

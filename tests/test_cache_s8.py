@@ -1,5 +1,5 @@
-"""A cold run stores an entry for every file, in 256 folders named by the key: each folder is made
-and checked (never a planted link) once per run, not once per entry."""
+"""A cold run stores an entry for every file, in 16 folders named by the key's first character: each
+folder is made and checked (never a planted link) once per run, not once per entry."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def test_each_entry_folder_is_made_once_per_run(
     cache = tmp_path / "cache"
     assert run(["--jobs", "1", "--quiet", "--cache-dir", str(cache), str(project)]) == 0
     capsys.readouterr()
-    entries = [p for p in cache.rglob("*.json") if len(p.parent.name) == 2]
+    entries = [p for p in cache.rglob("*.json") if len(p.parent.name) == 1]
     assert len(entries) == 60  # every file was stored (else the count below proves nothing)
-    folders = [str(call[0]) for call in made if len(os.path.basename(str(call[0]))) == 2]
+    folders = [str(call[0]) for call in made if len(os.path.basename(str(call[0]))) == 1]
     assert sorted(folders) == sorted({str(p.parent) for p in entries})

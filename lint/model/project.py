@@ -231,7 +231,7 @@ class ProjectIndex:
     def _record_file(self, slot: str) -> Path:
         assert self.store is not None
         name = hashlib.sha256(f"{self.root}\0{slot}".encode("utf-8", "surrogatepass")).hexdigest()[:32]
-        return self.store / "deps" / name[:2] / f"{name}.json"
+        return self.store / "deps" / name[:1] / f"{name}.json"
 
     def _read_record(self, slot: str) -> dict[str, Any] | None:
         if self.store is None:
@@ -326,7 +326,7 @@ class ProjectIndex:
         with collector_paused():
             if self.store is None:
                 return summarize(text, tree), None
-            entry = self.store / digest[:2] / f"{digest}.json"
+            entry = self.store / digest[:1] / f"{digest}.json"
             try:
                 return json.loads(entry.read_text(encoding="utf-8"))["summary"], None
             except (OSError, ValueError, KeyError, TypeError, RecursionError):
