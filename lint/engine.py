@@ -26,7 +26,16 @@ from trainlint.files import (
     too_crowded,
     too_large,
 )
-from trainlint.gates import CodeFacts, Gate, code_facts, gates, raw_answers, selected_gates
+from trainlint.gates import (
+    CodeFacts,
+    Gate,
+    code_facts,
+    gates,
+    names_as_written,
+    pass_tree_checks,
+    raw_answers,
+    selected_gates,
+)
 from trainlint.model.project import Project
 from trainlint.model.stamps import parsed_before, text_digest
 from trainlint.model.summary import Summary, outline
@@ -399,10 +408,12 @@ def _code_gate(
         # handed to libcst for it. The same walk measures the depth for the nesting guard.
         facts = code_facts(tree)
         active = [g for g in active if g.in_code(facts.text)]
+        if any(g.check for g in active) and names_as_written(facts.text, text):  # (``Rule.gate_check``)
+            active = pass_tree_checks(active, tree)
     # asked once per file: a project prefilter such as TL204's pattern is tried at every word of the text
     crossfile = [g for g in rules if g not in active and answers.can_fire_in_project(g, text)]
     if tree is not None:
-        crossfile, facts = _project_candidates(tree, facts, crossfile)
+        crossfile, facts = _project_candidates(tree, facts, crossfile, text)
     return active, crossfile, tree, nesting, facts
 
 
@@ -438,15 +449,20 @@ PARSE_MEMORY = 2 * 1024**3
 
 
 def _project_candidates(
-    tree: ast.Module, facts: CodeFacts | None, crossfile: list[Gate]
+    tree: ast.Module, facts: CodeFacts | None, crossfile: list[Gate], text: str
 ) -> tuple[list[Gate], CodeFacts | None]:
     """``crossfile`` less the rules whose cross-file findings the file's code rules out
-    (``Rule.project_gate``): the project index is not asked about them (its summaries of the imported
-    modules cost as much as a parse each). With the walk of the tree, when it had to be made."""
-    if not any(g.project_code for g in crossfile):
-        return crossfile, facts
-    facts = facts or code_facts(tree)
-    return [g for g in crossfile if not g.project_code or g.in_project_code(facts.text)], facts
+    (``Rule.project_gate``, ``Rule.project_gate_check``): the project index is not asked about them (its
+    summaries of the imported modules cost as much as a parse each). With the walk of the tree, when it
+    had to be made."""
+    if any(g.project_code for g in crossfile):
+        facts = facts or code_facts(tree)
+        crossfile = [g for g in crossfile if not g.project_code or g.in_project_code(facts.text)]
+    if any(g.project_check for g in crossfile):
+        facts = facts or code_facts(tree)
+        if names_as_written(facts.text, text):
+            crossfile = pass_tree_checks(crossfile, tree, project=True)
+    return crossfile, facts
 
 
 def _lint_isolated(

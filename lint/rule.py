@@ -414,6 +414,14 @@ class Rule:
     # name unless the name was bound under another one (an alias); ``self.x`` resolves to nothing (``self``
     # is a parameter).
     gate: ClassVar[tuple[tuple[str, ...], ...]] = ()
+    # A condition on the whole of CPython's tree that atoms cannot say (a call without a keyword, two
+    # uses in one loop): ``"module.function"`` of ``trainlint.model``, a function of an ``ast.Module``
+    # that returns False only where no finding resting on this file alone is possible. Asked after
+    # ``gate`` holds, once per tree (``trainlint.gates.TreeChecks``).
+    gate_check: ClassVar[str] = ""
+    # The same for the findings that rest on other files' facts (``project_gate``'s): a check of this
+    # file's tree that each of them needs, asked before the project index is (its summaries and keys).
+    project_gate_check: ClassVar[str] = ""
     # The same for the findings that rest on other files' facts: conditions on this file's code that
     # each of them needs too (the engine asks the project index about the rule only when they hold).
     project_gate: ClassVar[tuple[tuple[str, ...], ...]] = ()

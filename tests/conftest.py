@@ -221,3 +221,32 @@ def verified(request) -> Verified:
         key = finding.path.removesuffix(".py") if finding.path.startswith("tl") else finding.path
         out.setdefault(key, []).append(finding)
     return out
+
+
+def gate_check_keeps_findings(rule_id: str, check, extra: list[str] = ()) -> int:
+    """For a rule's ``gate_check``: on every example of the rule, each fixture and ``extra``, the
+    findings are the same with the gates on and off, and the check holds wherever the rule reports.
+    Returns how many texts the rule reported on."""
+    import ast as _ast
+
+    from trainlint.engine import lint_text
+    from trainlint.results import LintOptions
+    from trainlint.rule import registry
+
+    rule = registry().get(rule_id)
+    texts = [e.code for e in rule.invalid] + list(rule.valid) + list(extra)
+    texts += [p.read_text(encoding="utf-8") for p in sorted(FIXTURES.rglob("*.py"))]
+    reported = 0
+    for text in texts:
+        try:
+            tree = _ast.parse(text)
+        except SyntaxError:
+            continue
+        on = lint_text(text, "x.py", LintOptions((rule_id,)))
+        off = lint_text(text, "x.py", LintOptions((rule_id,), prefilter=False))
+        assert (on.findings, on.errors) == (off.findings, off.errors), text
+        if any(f.rule == rule_id for f in off.findings):
+            reported += 1
+            assert check(tree), text
+    assert reported >= len(rule.invalid)
+    return reported

@@ -132,9 +132,12 @@ def test_triggers_only_in_comments_and_docstrings_never_reach_libcst() -> None:
 
 
 def test_the_same_trigger_in_code_reaches_libcst() -> None:
-    code = IN_PROSE.replace("return os.path.exists(path)", "loss.backward()\n    scaler.step(opt)")
+    # (a finding: the gate checks rule out code with the triggers in which no rule can report)
+    steps = "scaler.scale(loss).backward()\n    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+    code = IN_PROSE.replace("return os.path.exists(path)", steps + "    scaler.step(opt)")
     code = code.replace("import os", "import os\nimport torch\nscaler = torch.cuda.amp.GradScaler()")
-    assert lint_text(code, "x.py", LintOptions(ALL)).parsed
+    done = lint_text(code, "x.py", LintOptions(ALL))
+    assert done.parsed and [f.rule for f in done.findings] == ["TL101"]
 
 
 def test_the_gate_never_changes_findings_on_real_code() -> None:
@@ -190,6 +193,25 @@ def test_a_rejected_file_loads_neither_libcst_nor_a_rule(tmp_path: Path) -> None
     assert code == 1 and "libcst" in heavy and any(m.startswith("trainlint.rules.") for m in heavy)
 
 
+CHECKS_LOADED = r"""
+import sys
+from trainlint.gates import gates, tree_check
+names = sorted({g.check for g in gates().values() if g.check})
+for name in names:
+    tree_check(name)
+heavy = sorted(m for m in sys.modules if m.split(".")[0] == "libcst" or m.startswith("trainlint.rules."))
+print("CHECKS", names, heavy)
+"""
+
+
+def test_the_gate_checks_load_neither_libcst_nor_a_rule() -> None:
+    """``Rule.gate_check`` runs before libcst is needed: a file every check rules out must not pay for it."""
+    done = subprocess.run([sys.executable, "-c", CHECKS_LOADED], capture_output=True, text=True, timeout=120)
+    line = next(x for x in done.stdout.splitlines() if x.startswith("CHECKS"))
+    names, heavy = line.split(" ", 1)[1].split("] ", 1)
+    assert names.count(",") >= 3 and ast.literal_eval(heavy) == []
+
+
 # -- large files: parsed in a child with bounded memory ------------------------------------------------
 BIG = "import torch\nfrom torch.utils.checkpoint import checkpoint\ny = checkpoint(f, x)\n" + "z = 1\n" * 3000
 
@@ -224,3 +246,30 @@ def test_tl402_needs_a_time_import_in_the_code_not_in_prose() -> None:
     assert gates()["TL402"].can_fire(prose)  # " time" in the comment passes the raw-text prefilter
     assert not lint_text(prose, "x.py", LintOptions(("TL402",))).parsed
     assert lint_text("import time\n" + body, "x.py", LintOptions(("TL402",))).parsed
+
+
+# -- identifiers CPython normalises ----------------------------------------------------------------------
+# A full-width letter in an identifier is its ASCII letter in CPython's tree (NFKC) and stays as written
+# in libcst's: a gate check that reads a name's absence (TL109: no scaler anywhere) would rule out a
+# file the rule reports. Such a file gets no gate check.
+FULL_WIDTH_SCALER = (
+    "import torch\n"
+    "\uff53caler = None\n"
+    'with torch.autocast("cuda", dtype=torch.float16):\n'
+    "    loss = model(x)\n"
+    "loss.backward()\n"
+)
+
+
+def test_a_check_is_not_asked_where_cpython_respelled_an_identifier() -> None:
+    from trainlint.gates import code_text, names_as_written
+
+    tree = ast.parse(FULL_WIDTH_SCALER)
+    assert not names_as_written(code_text(tree), FULL_WIDTH_SCALER)
+    assert names_as_written(code_text(tree), FULL_WIDTH_SCALER.replace("\uff53", "s"))
+    assert names_as_written(
+        code_text(ast.parse("# \u00e9t\u00e9\nx = '\u00e9'\n")), "# \u00e9t\u00e9\nx = '\u00e9'\n"
+    )
+    on = lint_text(FULL_WIDTH_SCALER, "x.py", LintOptions(("TL109",)))
+    off = lint_text(FULL_WIDTH_SCALER, "x.py", LintOptions(("TL109",), prefilter=False))
+    assert [f.rule for f in off.findings] == ["TL109"] and on.findings == off.findings

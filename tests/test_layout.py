@@ -14,6 +14,7 @@ from trainlint.rule import Rule, registry
 ROOT = Path(__file__).resolve().parent.parent
 LINT, RULES = ROOT / "lint", ROOT / "rules"
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 800, 80
+GENERATED = frozenset({"gates_data.py"})
 
 
 def _sources() -> list[Path]:
@@ -54,7 +55,8 @@ TESTS = sorted((ROOT / "tests").rglob("*.py"))
 @pytest.mark.parametrize("path", _sources() + TESTS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_modules_and_functions_are_short(path: Path) -> None:
     text = path.read_text(encoding="utf-8")
-    assert len(text.splitlines()) <= MAX_MODULE_LINES
+    # generated data (one record per rule, written by ``python -m trainlint.gates``) grows with the rules
+    assert len(text.splitlines()) <= MAX_MODULE_LINES or path.name in GENERATED
     long = [
         f"{node.name} ({node.end_lineno - node.lineno + 1} lines)"
         for node in ast.walk(ast.parse(text))

@@ -10,7 +10,6 @@ other file come back as ``Elsewhere``, ready to become a finding's related locat
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ import libcst as cst
 from trainlint.model.filemodel import FileModel, Scope, Site
 from trainlint.model.project import Fact
 from trainlint.model.syntax import dotted, positional, walk
-from trainlint.model.vocab import BATCHNORM_CLASSES, DROPOUT_CALLS
+from trainlint.model.vocab import BATCHNORM_CLASSES, DROPOUT_CALLS, OPTIMIZER_WORDS
 
 
 @dataclass(frozen=True)
@@ -154,12 +153,11 @@ def _makes_cls(model: FileModel, fact: Fact, method: str) -> bool:
 
 # the base classes that make a project's own class an optimizer; the name test spares a lookup per call
 _OPTIMIZER_BASES = frozenset({"torch.optim.Optimizer", "torch.optim.optimizer.Optimizer"})
-_OPTIMIZER_WORDS = re.compile(r"adam|optim|sgd|lamb|lion|adafactor|rmsprop|adagrad|lars", re.IGNORECASE)
 
 
 def project_optimizer_class(model: FileModel, qualname: str | None) -> bool:
     """A class of another project file that subclasses ``torch.optim.Optimizer`` (BERT's ``BertAdam``)."""
-    if not qualname or not _OPTIMIZER_WORDS.search(qualname.rsplit(".", 1)[-1]):
+    if not qualname or not OPTIMIZER_WORDS.search(qualname.rsplit(".", 1)[-1]):
         return False
     fact = model.elsewhere(qualname)
     if fact is None or fact.kind != "class":

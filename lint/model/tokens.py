@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import libcst as cst
 
@@ -73,6 +74,18 @@ class LossOrigin:
 
 def last_part(path: str | None) -> str:
     return path.rsplit(".", 1)[-1] if path else ""
+
+
+def builds_language_model(facts: dict[str, Any]) -> bool:
+    """Whether a function of another file (its summary ``facts``) returns a language model it builds
+    (``return AutoModelForCausalLM.from_pretrained(name)``), by the last part of the callee as that file
+    spells it: ``_class_kind`` counts a model such a builder returns as a language model (a callee
+    imported there under another name is not seen here)."""
+    returned = facts.get("returns")
+    if not returned:
+        return False
+    callee = str(returned[0]).removesuffix(".from_pretrained").removesuffix(".from_config")
+    return last_part(callee).endswith(LM_SUFFIXES)
 
 
 def _is_minus_100(node: cst.CSTNode) -> bool:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import enum
 import functools
-import re
 from dataclasses import dataclass
 
 import libcst as cst
@@ -24,15 +23,14 @@ from trainlint.model.vocab import (
     DDP_CLASSES,
     GRAD_SCALERS,
     LOW_PRECISION_DTYPES,
-    NOT_A_STEP_COUNT,
     NOT_OPTIMIZERS,
     OPTIMIZER_PREFIXES,
+    OTHER_ENGINES,
     SCALER_CLASS_SUFFIX,
+    SYNC_CONTROLS,
 )
-
-# Names that say "optimizer" when the construction is out of sight: optimizer, optim, opt, opt_g, optD,
-# g_optimizer, self.optimizer_d.
-OPTIMIZER_NAME = re.compile(r"^(opt|optim|optimizer|optimiser)([_0-9A-Z]\w*)?$|^\w+_(opt|optim|optimizer)$")
+from trainlint.model.vocab import OPTIMIZER_NAME as OPTIMIZER_NAME  # (rules import these from here)
+from trainlint.model.vocab import is_step_count_name as is_step_count_name
 
 
 class EventKind(str, enum.Enum):
@@ -345,15 +343,6 @@ def mentions_parameters_of(expr: cst.CSTNode, key: str) -> bool:
     return False
 
 
-def is_step_count_name(name: str) -> bool:
-    """``accum_steps``, ``gradient_accumulation_steps``, ``accumulate_grad_batches``, ``grad_accum``...
-    but not ``accum_tokens`` or ``accum_loss`` (a token count or a running total)."""
-    lowered = name.lower()
-    if not ("accum" in lowered or lowered in ("gas", "grad_acc", "n_acc")):
-        return False
-    return not any(part in lowered for part in NOT_A_STEP_COUNT)
-
-
 def modulo_divisors(node: cst.CSTNode) -> list[str]:
     """``n`` of every ``x % n`` below ``node`` (dotted)."""
     out = []
@@ -486,12 +475,6 @@ def backward_sites(model: FileModel) -> list[Site]:
     ]
 
 
-# Anything in a scope that controls DDP's gradient synchronisation during accumulation.
-SYNC_CONTROLS = frozenset(
-    {"no_sync", "no_backward_sync", "require_backward_grad_sync", "accumulate", "skip_sync", "sync_gradients"}
-)
-
-
 def mentions_sync_control(scope: Scope) -> bool:
     """The scope names something that controls DDP's gradient synchronisation (``model.no_sync()``,
     ``require_backward_grad_sync``, ``accelerator.accumulate``, Fabric's ``no_backward_sync``...)."""
@@ -554,10 +537,6 @@ def bound_names(statement: cst.CSTNode | None, value: cst.CSTNode) -> set[str]:
                 )
                 out.update(k for k in map(dotted, elements) if k)
     return out
-
-
-# Names that set Accelerate up for an engine other than DDP (see ``prepared_models``).
-OTHER_ENGINES = ("deepspeed", "fsdp", "fullyshardeddataparallel")
 
 
 def names_other_engine(node: cst.CSTNode) -> bool:

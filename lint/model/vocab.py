@@ -6,6 +6,8 @@ things say so.
 
 from __future__ import annotations
 
+import re
+
 # -- loss scaling, precision, autograd ------------------------------------------------------------------
 GRAD_SCALERS = frozenset(
     {
@@ -260,6 +262,30 @@ COUNT_METHODS = frozenset({"sum", "count_nonzero"})
 # Words in a name that make it something other than an accumulation step count.
 NOT_A_STEP_COUNT = ("token", "item", "elem", "loss", "norm", "mask", "valid", "weight", "sample", "sum")
 
+# Names that say "optimizer" when the construction is out of sight: optimizer, optim, opt, opt_g, optD,
+# g_optimizer, self.optimizer_d.
+OPTIMIZER_NAME = re.compile(r"^(opt|optim|optimizer|optimiser)([_0-9A-Z]\w*)?$|^\w+_(opt|optim|optimizer)$")
+# Words in the last part of a class's qualified name that make it worth asking whether it is an optimizer
+# (a project's own class: its bases are looked up only then).
+OPTIMIZER_WORDS = re.compile(r"adam|optim|sgd|lamb|lion|adafactor|rmsprop|adagrad|lars", re.IGNORECASE)
+
+# Anything in a scope that controls DDP's gradient synchronisation during accumulation.
+SYNC_CONTROLS = frozenset(
+    {"no_sync", "no_backward_sync", "require_backward_grad_sync", "accumulate", "skip_sync", "sync_gradients"}
+)
+# Names that set Accelerate up for an engine other than DDP (see ``training.prepared_models``).
+OTHER_ENGINES = ("deepspeed", "fsdp", "fullyshardeddataparallel")
+
+
+def is_step_count_name(name: str) -> bool:
+    """``accum_steps``, ``gradient_accumulation_steps``, ``accumulate_grad_batches``, ``grad_accum``...
+    but not ``accum_tokens`` or ``accum_loss`` (a token count or a running total)."""
+    lowered = name.lower()
+    if not ("accum" in lowered or lowered in ("gas", "grad_acc", "n_acc")):
+        return False
+    return not any(part in lowered for part in NOT_A_STEP_COUNT)
+
+
 # DistributedDataParallel under its public names.
 DDP_CLASSES = frozenset(
     {
@@ -334,3 +360,53 @@ FSDP_MIXED_PRECISION = frozenset(
 # The word in a flag that selects DeepSpeed's code path (TL504): `if args.deepspeed:`,
 # `if not self.use_deepspeed:`.
 DEEPSPEED_SWITCH = "deepspeed"
+
+
+# -- measurement (TL401-TL404) -----------------------------------------------------------------------------
+DEVICE_MODULES = ("torch.cuda", "torch.cuda.memory", "torch.xpu", "torch.xpu.memory", "torch.mps")
+PEAK_READINGS = frozenset(
+    f"{m}.{f}" for m in DEVICE_MODULES for f in ("max_memory_allocated", "max_memory_reserved")
+)
+MEMORY_READINGS = PEAK_READINGS | frozenset(
+    f"{m}.{f}" for m in DEVICE_MODULES for f in ("memory_allocated", "memory_reserved", "mem_get_info")
+)
+# Calls that reset the peak a reading reports (any receiver: ``torch.cuda`` or a device module alias).
+RESET_METHODS = frozenset(
+    {"reset_peak_memory_stats", "reset_max_memory_allocated", "reset_max_memory_cached"}
+)
+EMPTY_CACHE = frozenset({"torch.cuda.empty_cache", "torch.cuda.memory.empty_cache", "torch.xpu.empty_cache"})
+# Calls that hand an optimizer over without stepping it (Accelerate, Fabric, DeepSpeed...).
+OPTIMIZER_WRAPPERS = frozenset(
+    {"prepare", "setup", "setup_optimizers", "initialize", "prepare_optimizer", "register_optimizer"}
+)
+# Wall clocks an interval is read with.
+CLOCKS = frozenset(
+    {
+        "time.time",
+        "time.perf_counter",
+        "time.monotonic",
+        "time.time_ns",
+        "time.perf_counter_ns",
+        "time.monotonic_ns",
+        "timeit.default_timer",
+    }
+)
+# Calls that wait for the device: explicit synchronisation and device-to-host copies.
+SYNC_METHODS = frozenset({"synchronize", "item", "tolist", "cpu", "numpy", "barrier", "mark_step", "wait"})
+
+# -- checkpointing and attention (TL205, TL405) ------------------------------------------------------------
+# Calls that make the checkpointed blocks' inputs require grad, which is all the reentrant variant
+# needs (PEFT's prepare_model_for_kbit_training calls enable_input_require_grads itself; the hook idiom
+# `make_inputs_require_grad` and DeepSpeed-Chat's helper do the same by hand).
+INPUT_GRAD_FIXES = (
+    "enable_input_require_grads",
+    "prepare_model_for_kbit_training",
+    "prepare_model_for_int8_training",
+    "make_inputs_require_grad",
+    "prepare_model_for_gradient_checkpointing",
+    "gradient_checkpointing_compatible",
+)
+# torch's fused attention kernels: a module that calls one does not materialise the scores
+SDPA = frozenset(
+    {"torch.nn.functional.scaled_dot_product_attention", "torch.nn.functional.multi_head_attention_forward"}
+)

@@ -79,8 +79,12 @@ def _unpacked(scope: Scope, losses: list[tuple[str, Site]]) -> list[tuple[str, S
         if not isinstance(node, cst.For):
             continue
         source, target = node.iter, node.target
-        if isinstance(source, cst.Call) and attr_name(source) in ("items", "values") and not source.args:
-            assert isinstance(source.func, cst.Attribute)
+        if (
+            isinstance(source, cst.Call)
+            and isinstance(source.func, cst.Attribute)  # (not a function of its own named ``values``)
+            and source.func.attr.value in ("items", "values")
+            and not source.args
+        ):
             items = attr_name(source) == "items"
             source = source.func.value
             if items:

@@ -37,7 +37,7 @@ from trainlint.model.losses import (
     returns_division,
     snippet,
 )
-from trainlint.model.tokens import LossOrigin, token_evidence
+from trainlint.model.tokens import LossOrigin, builds_language_model, token_evidence
 from trainlint.model.training import (
     counted_by_callers,
     counts_loop_items,
@@ -82,12 +82,20 @@ class AccumulationMeanOfMeans(Rule):
     project_gate = (
         ("call:backward", "call:manual_backward", "def:forward", "def:__call__", "def~(?i:loss)"),
     )
+    # In the tree: padding evidence, a loss that may be a token mean (a cross-entropy, a language model,
+    # next-token or masked targets) and its division by what may be the step count in a scope that may
+    # backpropagate it
+    gate_check = "gate_mean_of_means.mean_of_means_possible"
+    # Cross-file: such a division whatever the file calls its loss and model (padding evidence, or a
+    # dividend that may be another file's token mean), or a call of another file's loss class
+    project_gate_check = "gate_mean_of_means.mean_of_means_possible_elsewhere"
 
     @classmethod
     def wants_fact(cls, kind: str, facts: dict[str, Any]) -> bool:
         if kind == "class":
             return "returns_token_mean_methods" in facts or "returns_divided_token_mean_methods" in facts
-        return kind == "function" and "returns_token_mean" in facts
+        # (a builder of a language model: the loss of the model it returns may be a token mean)
+        return kind == "function" and ("returns_token_mean" in facts or builds_language_model(facts))
 
     doc = RuleDoc(
         what=(

@@ -50,14 +50,15 @@ class LossAccumulatedWithGraph(Rule):
     tokens = ("backward",)
     requires = (call_pattern("backward"), ("+", "append"))
     gate = (("call:backward", "call:manual_backward"), ("loop:+=", "loop:append"))
-    # a helper of another project file (or a base class's method there) may run the backward of the
-    # loss it returns (`loss = step(b)`, `total += self.train_step(b)`)
+    # a helper of another file (or a base's method) may backpropagate the loss it returns (`loss = step(b)`)
     project_requires = (
         ("+", "append"),
         ("for", "while"),
         re.compile(r"loss\w*\s*=\s*[\w.]+\(|(\+=|\bappend\()\s*[\w.]+\("),
     )
     project_gate = gate[1:]
+    gate_check = "gate_loss_totals.total_may_hold_loss_graph"  # a loss added in its backward's loop
+    project_gate_check = "gate_loss_totals.returned_loss_may_be_kept"  # a call added that may be one
 
     @classmethod
     def wants_fact(cls, kind: str, facts: dict[str, Any]) -> bool:

@@ -61,6 +61,9 @@ class ZeroGradEveryMicrostep(Rule):
     # In the code: the zero_grad call, and the step call under an accumulation condition (an `if`
     # statement), the events it reports.
     gate = (("call:zero_grad",), ("if:step",))
+    # In the tree: a step under an `if` that may be an accumulation test, in a loop (or training_step)
+    # whose scope also has a backward outside that `if` and an unconditional zero_grad of that optimizer.
+    gate_check = "gate_zero_grad.zero_grad_may_run_every_microstep"
     has_fix = True
     doc = RuleDoc(
         what=(

@@ -69,6 +69,9 @@ class ClipBeforeUnscale(Rule):
     gate = (_CLIP_CALLED, ("call:scale",), ("call:backward",), ("call:step",))
     # every finding, the cross-file ones too, is about a clip and a later scaler step of this file
     project_gate = (_CLIP_CALLED, ("call:step",))
+    # a clip with a scaler's step after it and a scaled backward before it in its scope (or on the step's
+    # scaler in another scope), no sure unscale_ or scaler step in between
+    gate_check = "gate_clip_unscale.clip_may_precede_unscale"
     has_fix = True
     doc = RuleDoc(
         what=(

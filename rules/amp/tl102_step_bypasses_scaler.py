@@ -50,6 +50,9 @@ class StepBypassesScaler(Rule):
         method_call_pattern("backward"),
         method_call_pattern("step"),
     )
+    # In the tree: a possible optimizer's `.step()` after a scaled backward in its scope (nothing between
+    # that ends the pairing), or in another method of the class of a `self.x.scale(...).backward()`.
+    gate_check = "gate_scaler_steps.step_may_bypass_scaler"
     has_fix = True
     doc = RuleDoc(
         what=(

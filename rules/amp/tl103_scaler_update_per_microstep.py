@@ -41,6 +41,9 @@ class ScalerUpdatePerMicrostep(Rule):
     )
     # In the code: the scaler's update and step calls (events).
     gate = (("call:update",), ("call:step",))
+    # In the tree: `K.update()` and `K.step()` in one loop body, the step under an `if` inside it that may
+    # be an accumulation condition, the update under none that surely is.
+    gate_check = "gate_scaler_steps.update_may_run_every_microstep"
     doc = RuleDoc(
         what=(
             "Reports `scaler.update()` that runs on every iteration of a loop in which "

@@ -46,6 +46,9 @@ class UnscaleTwice(Rule):
     )
     # In the code: the scaler's unscale_ calls (events).
     gate = (("call:unscale_",),)
+    # an unscale_ after another of its scope (or the file's helper that does one) with no sure update()
+    # between, or in a loop whose update() may run only under an accumulation condition
+    gate_check = "gate_clip_unscale.unscale_may_repeat"
     has_fix = True
     doc = RuleDoc(
         what=(

@@ -87,6 +87,12 @@ class HalfInsteadOfAutocast(Rule):
         ("call:parameters", "call:named_parameters"),
         ("ref:parameters", "ref:named_parameters", "bare:self"),
     )
+    # A conversion statement (``x.half()``, ``y = Net().to(torch.bfloat16)``) whose name's ``.parameters()``
+    # are taken where the rule looks for its optimizer, and a call that may build an optimizer.
+    gate_check = "gate_half_params.may_train_half_parameters"
+    # Across files: a call of an imported name given or assigning a name whose `.parameters()` are
+    # taken where the rule looks for its optimizer (the call standing for the conversion), and an optimizer.
+    project_gate_check = "gate_half_params.may_train_parameters_converted_elsewhere"
 
     @classmethod
     def wants_fact(cls, kind: str, facts: dict[str, Any]) -> bool:

@@ -39,6 +39,9 @@ class BackwardInsideAutocast(Rule):
     requires = (("backward",), method_call_pattern("backward"))
     # In the code: the backward call (an event).
     gate = (("call:backward",),)
+    # In the tree: a `x.backward()` in the body of a `with` or in a decorated function whose item or
+    # decorator may be an autocast call not written `enabled=False`.
+    gate_check = "gate_autocast_backward.backward_may_run_in_autocast"
     has_fix = True
     doc = RuleDoc(
         what=(

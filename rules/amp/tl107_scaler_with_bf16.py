@@ -43,6 +43,9 @@ class ScalerWithBf16(Rule):
         method_call_pattern("scale"),
         method_call_pattern("backward"),
     )
+    # In the tree: a scaled backward in a scope with no autocast that surely is not bf16, and one that may
+    # be bf16 there (or, when no autocast of the file surely is not, anywhere).
+    gate_check = "gate_scaler_steps.scaled_backward_may_meet_bf16"
     doc = RuleDoc(
         what=(
             "Reports a loss-scaled backward (`scaler.scale(loss).backward()`) when every autocast in "

@@ -57,6 +57,8 @@ class ClipAfterStep(Rule):
         ("call:backward",),
         ("call:step",),
     )
+    # a clip after a backward and then a step of its scope (same loops), with no sure step after it
+    gate_check = "gate_clip_unscale.clip_may_follow_step"
     doc = RuleDoc(
         what=(
             "Reports `torch.nn.utils.clip_grad_norm_` / `clip_grad_value_` that runs after "

@@ -45,6 +45,9 @@ class Fp16AutocastWithoutScaler(Rule):
     )
     # In the code: the backward call (an event).
     gate = (("call:backward",),)
+    # In the tree: no identifier naming a scaler, no scaling framework's import, and a backward in (or
+    # whose receiver's name an earlier assignment of its scope binds in) a region that may be fp16 autocast.
+    gate_check = "gate_autocast_backward.fp16_backward_may_lack_scaler"
     doc = RuleDoc(
         what=(
             "Reports a plain `loss.backward()` whose loss was computed under fp16 autocast "

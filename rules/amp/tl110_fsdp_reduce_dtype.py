@@ -35,6 +35,8 @@ class FsdpReduceDtype(Rule):
         ("import:torch",),
         ("ref:float16", "ref:half", "ref:bfloat16"),
     )
+    # And one such call with a `param_dtype` that may be 16-bit, no `reduce_dtype` but None, no `**`.
+    gate_check = "gate_mixed_precision.policy_may_lack_reduce_dtype"
     doc = RuleDoc(
         what=(
             "Reports FSDP's `MixedPrecision(...)` (FSDP1) or `MixedPrecisionPolicy(...)` (FSDP2) whose "

@@ -65,6 +65,13 @@ class CheckpointRngNotPreserved(Rule):
     # The same in the code, not in comments and docstrings: that wrapper's call (its callee's last
     # name), or the `preserve_rng_state=` keyword that torch's `checkpoint_wrapper(...)` is given here.
     project_gate = (("call~^(?!save_|load_|resume_)\\w*checkpoint", "name:preserve_rng_state"),)
+    # A finding made from this file alone needs a `preserve_rng_state=` keyword given False, a dropout
+    # test, or a name the file assigns one of those.
+    gate_check = "gate_checkpoint_misc.rng_flag_may_be_off"
+    # Through the project: that keyword, or a call of an imported (or, given the keyword, own) function
+    # given something that may draw random numbers: a word of randomness in the file, or an instance
+    # of an imported class.
+    project_gate_check = "gate_checkpoint_misc.wrapper_may_leave_rng_off"
 
     @classmethod
     def wants_fact(cls, kind: str, facts: dict[str, Any]) -> bool:

@@ -10,23 +10,13 @@ import libcst as cst
 from trainlint.api import Applicability, Diagnostic, FixSpec, Invalid, Rule, RuleDoc, Severity, TextEditSpec
 from trainlint.model import FileModel, Site, attr_name, dotted, has_star_kwargs, keyword, literal_false
 from trainlint.model.pins import Pin, lowest_allowed_at_least
+from trainlint.model.vocab import INPUT_GRAD_FIXES
 
 KWARGS = "gradient_checkpointing_kwargs"
 # The first transformers release whose `gradient_checkpointing_enable()` defaults to
 # `use_reentrant=False` (pull request 43203; 4.57.6 and 5.0.0rc3 still pass True).
 FIXED_RELEASE = (5, 0, 0)
 FIX_TEXT = 'gradient_checkpointing_kwargs={"use_reentrant": False}'
-# Calls that make the checkpointed blocks' inputs require grad, which is all the reentrant variant
-# needs (PEFT's prepare_model_for_kbit_training calls enable_input_require_grads itself).
-# (the hook idiom `make_inputs_require_grad` and DeepSpeed-Chat's helper do the same by hand).
-INPUT_GRAD_FIXES = (
-    "enable_input_require_grads",
-    "prepare_model_for_kbit_training",
-    "prepare_model_for_int8_training",
-    "make_inputs_require_grad",
-    "prepare_model_for_gradient_checkpointing",
-    "gradient_checkpointing_compatible",
-)
 # Signs that some parameters are frozen: only then does the reentrant variant lose gradients.
 # Freezing a whole module is not one (a frozen text encoder has nothing to lose); freezing the
 # embedding under trained layers is.
@@ -58,6 +48,9 @@ class HfGradientCheckpointingReentrant(Rule):
     # keyword, in a file with a sign of frozen parameters (the FROZEN pattern).
     tokens = ("gradient_checkpointing",)
     requires = (FROZEN,)
+    # A bare `gradient_checkpointing_enable()` or a `...TrainingArguments(gradient_checkpointing=...)`
+    # without the kwargs, in a file whose identifiers name no input-grad fix.
+    gate_check = "gate_checkpoint_misc.hf_checkpointing_may_lack_kwargs"
     has_fix = True
     doc = RuleDoc(
         what=(

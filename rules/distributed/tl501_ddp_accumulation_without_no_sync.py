@@ -48,6 +48,9 @@ class DdpAccumulationWithoutNoSync(Rule):
         ("call:DistributedDataParallel", "alias:DistributedDataParallel", "call:prepare"),
         ("call:backward",),
     )
+    # In one scope naming no sync control: a backward in a loop, a call of the wrapped model (or through
+    # the file's helpers) and a step under an accumulation `if` in that loop or after a micro-step loop.
+    gate_check = "gate_ddp_accumulation.ddp_backward_may_accumulate_without_no_sync"
     doc = RuleDoc(
         what=(
             "Reports the backward of a gradient-accumulation loop (the optimizer steps only under an "

@@ -35,6 +35,9 @@ class TokenMeanNotGlobal(Rule):
             *("Accelerator", "initialize", "Fabric", "FSDPStrategy", "DDPStrategy"),
         ),
     )
+    # In the tree: a `/` by what may be a local token count, a summed or unreduced loss, a backward
+    # call and a data-parallel call or import.
+    gate_check = "gate_distributed_misc.token_count_division_under_data_parallel"
     doc = RuleDoc(
         what=(
             "Reports, in a file that trains with several processes (DistributedDataParallel, "

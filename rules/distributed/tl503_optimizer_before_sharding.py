@@ -36,6 +36,9 @@ class OptimizerBeforeSharding(Rule):
             "call:prepare",
         ),
     )
+    # And, in one scope, an optimizer call over the sharded module's parameters not after that shard
+    # and not in the other branch of an `if`.
+    gate_check = "gate_sharding_order.optimizer_may_precede_sharding"
     doc = RuleDoc(
         what=(
             "Reports an optimizer (a `torch.optim` class and the other known optimizer packages) built "

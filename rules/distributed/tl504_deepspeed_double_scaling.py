@@ -38,6 +38,8 @@ class DeepspeedDoubleScaling(Rule):
     requires = (method_call_pattern("backward"),)
     # In the code: the engine's backward call.
     gate = (("call:backward",),)
+    # And a `.backward(loss)` without `scale_wrt_gas=`, and a division by an accumulation count.
+    gate_check = "gate_deepspeed.backward_and_step_count_division"
     doc = RuleDoc(
         what=(
             "Reports `engine.backward(loss)` of an engine returned by `deepspeed.initialize` when the "

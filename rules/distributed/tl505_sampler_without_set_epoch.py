@@ -29,6 +29,9 @@ class SamplerWithoutSetEpoch(Rule):
     # In the code: a call of torch's sampler class (called by that name, or under a name bound to it).
     # A file that says `set_epoch` anywhere gets no finding (``check`` returns first).
     gate = (("call:DistributedSampler", "alias:DistributedSampler"), ("import:torch",))
+    # In the tree: a loop over epochs, and torch's sampler built without `shuffle=False` for data not
+    # named for evaluation.
+    gate_check = "gate_distributed_misc.shuffling_sampler_and_epoch_loop"
     excludes = ("set_epoch",)
     doc = RuleDoc(
         what=(

@@ -29,6 +29,9 @@ class ShardedClipLocalNorm(Rule):
     # A finding needs `FullyShardedDataParallel(...)` and a `clip_grad_norm` call.
     tokens = ("FullyShardedDataParallel",)
     requires = (("clip_grad_norm",),)
+    # In the tree: torch's clip_grad_norm_ over `<name>.parameters()` where <name> is an FSDP1 wrap's
+    # target (not NO_SHARD) in the same scope (or class, for `self.` names).
+    gate_check = "gate_distributed_misc.fsdp_model_clipped_by_torch"
     doc = RuleDoc(
         what=(
             "Reports `torch.nn.utils.clip_grad_norm_(model.parameters(), ...)` where `model` is bound "

@@ -25,6 +25,9 @@ class WrappedModelBypassed(Rule):
     requires = (("backward",),)
     # In the code: a call of torch's DDP class (by its name, or a name bound to it).
     gate = (("call:DistributedDataParallel", "alias:DistributedDataParallel"), ("import:torch",))
+    # And a wrap assigned to a name, and a call of the wrapped module (or of its `.module`) in a loop of a
+    # scope with a backward, not before the wrap, in no loop that calls the wrapper.
+    gate_check = "gate_wrapped_model.wrapped_module_may_be_called"
     doc = RuleDoc(
         what=(
             "Reports a call of the module that was passed to `DistributedDataParallel` under another "

@@ -8,19 +8,8 @@ from trainlint.model import (
     FileModel,
     Site,
 )
-
-DEVICE_MODULES = ("torch.cuda", "torch.cuda.memory", "torch.xpu", "torch.xpu.memory", "torch.mps")
-
-
-PEAK_READINGS = frozenset(
-    f"{m}.{f}" for m in DEVICE_MODULES for f in ("max_memory_allocated", "max_memory_reserved")
-)
-
-
-MEMORY_READINGS = PEAK_READINGS | frozenset(
-    f"{m}.{f}" for m in DEVICE_MODULES for f in ("memory_allocated", "memory_reserved", "mem_get_info")
-)
-
+from trainlint.model.vocab import MEMORY_READINGS as MEMORY_READINGS  # (the family's rules import these here)
+from trainlint.model.vocab import PEAK_READINGS as PEAK_READINGS
 
 TRAINING_WORK = ("backward", "scaled_backward", "step", "scaler_step")
 

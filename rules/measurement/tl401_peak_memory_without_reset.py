@@ -18,6 +18,7 @@ from trainlint.model import (
     share_loop,
     walk_scope,
 )
+from trainlint.model.vocab import RESET_METHODS
 from trainlint.rules.measurement._shared import MEMORY_READINGS, PEAK_READINGS, local_function_calls
 
 
@@ -29,6 +30,9 @@ class PeakMemoryWithoutReset(Rule):
     # Prefilter: the reading's name; its qualified name starts with `torch`, imported in the text.
     tokens = ("max_memory_allocated", "max_memory_reserved")
     requires = (("torch",),)
+    # A peak reading in a loop body with another call, or with a baseline subtracted, and no reset
+    # proven before it (in its class, an enclosing scope, earlier in its own, or a helper that resets).
+    gate_check = "gate_memory_measurement.peak_reading_may_measure_region"
     doc = RuleDoc(
         what=(
             "Reports `torch.cuda.max_memory_allocated()` and `max_memory_reserved()` used to measure a "
@@ -288,9 +292,6 @@ class PeakMemoryWithoutReset(Rule):
 
 
 # Any receiver: ``torch.cuda``, ``torch_accelerator_module``, ``getattr(torch, device_type)``.
-RESET_METHODS = frozenset(
-    {"reset_peak_memory_stats", "reset_max_memory_allocated", "reset_max_memory_cached"}
-)
 
 
 def in_same_frame(site: Site, loop: Frame) -> bool:

@@ -17,6 +17,7 @@ from trainlint.model import (
     positional,
     walk,
 )
+from trainlint.model.vocab import CLOCKS, SYNC_METHODS
 from trainlint.rules.measurement._shared import TRAINING_WORK, assigned_to, local_function_calls
 
 
@@ -30,6 +31,9 @@ class CudaTimingWithoutSync(Rule):
     # subtraction `t1 - t0`.
     tokens = ("time", "timer")
     requires = (("cuda",), imported("time", "timeit"), ("-",))
+    # Two clock reads of one scope paired as an interval, with work between them and nothing that waits
+    # for the device between them or in the loop around the closing read.
+    gate_check = "gate_clock_interval.interval_may_miss_sync"
     doc = RuleDoc(
         what=(
             "Reports the closing clock read (`time.time()`, `time.perf_counter()`, `time.monotonic()`) "
@@ -368,23 +372,6 @@ class CudaTimingWithoutSync(Rule):
             return "synchronize" in name or "generate" in name or model.callee(s) == "torch.save"
 
         return direct(site) or local_function_calls(model, site, direct)
-
-
-CLOCKS = frozenset(
-    {
-        "time.time",
-        "time.perf_counter",
-        "time.monotonic",
-        "time.time_ns",
-        "time.perf_counter_ns",
-        "time.monotonic_ns",
-        "timeit.default_timer",
-    }
-)
-
-
-# Calls that wait for the device: explicit synchronisation and device-to-host copies.
-SYNC_METHODS = frozenset({"synchronize", "item", "tolist", "cpu", "numpy", "barrier", "mark_step", "wait"})
 
 
 def _calls_in_order(model: FileModel, scope: Scope) -> list[Site]:

@@ -13,6 +13,7 @@ from trainlint.model import (
     frames_inside,
     innermost_loop,
 )
+from trainlint.model.vocab import EMPTY_CACHE
 from trainlint.rules.measurement._shared import TRAINING_WORK
 
 
@@ -27,6 +28,9 @@ class EmptyCacheInLoop(Rule):
         ("torch",),
         call_pattern("backward", "step"),
     )
+    # An empty_cache() directly in a loop body (no if/loop/except between) whose loop, in the same scope,
+    # has an `x.backward()` or `x.step()` call of its own.
+    gate_check = "gate_memory_measurement.empty_cache_in_training_loop"
     doc = RuleDoc(
         what=(
             "Reports `torch.cuda.empty_cache()` that runs on every iteration of a loop whose iterations "
@@ -260,6 +264,3 @@ class EmptyCacheInLoop(Rule):
     def _loop_of(site: Site) -> cst.CSTNode | None:
         loop = innermost_loop(site)
         return loop.node if loop is not None else None
-
-
-EMPTY_CACHE = frozenset({"torch.cuda.empty_cache", "torch.cuda.memory.empty_cache", "torch.xpu.empty_cache"})

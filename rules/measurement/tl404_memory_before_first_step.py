@@ -14,6 +14,7 @@ from trainlint.model import (
     share_loop,
     walk,
 )
+from trainlint.model.vocab import OPTIMIZER_WRAPPERS
 from trainlint.rules.measurement._shared import MEMORY_READINGS, assigned_to
 
 
@@ -28,6 +29,9 @@ class MemoryBeforeFirstStep(Rule):
     # OPTIMIZER_PREFIXES entry: `optim`, `adam`, `lamb`, `AdamW`, `Adafactor`, `lion_pytorch`).
     tokens = ("memory_allocated", "memory_reserved", "mem_get_info")
     requires = (("torch",), ("optim", "adam", "lamb", "AdamW", "Adafactor", "lion_pytorch"))
+    # A reading after a possible optimizer construction of its scope, with no `x.step()` of that scope
+    # surely before it or in a loop with it.
+    gate_check = "gate_memory_measurement.memory_read_before_first_step"
     doc = RuleDoc(
         what=(
             "Reports a device memory reading (`torch.cuda.memory_allocated()`, `max_memory_allocated()`, "
@@ -266,6 +270,3 @@ class MemoryBeforeFirstStep(Rule):
 
 
 # Calls that hand an optimizer over without stepping it.
-OPTIMIZER_WRAPPERS = frozenset(
-    {"prepare", "setup", "setup_optimizers", "initialize", "prepare_optimizer", "register_optimizer"}
-)

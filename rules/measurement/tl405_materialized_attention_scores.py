@@ -18,6 +18,7 @@ from trainlint.model import (
     walk,
     walk_scope,
 )
+from trainlint.model.vocab import SDPA
 
 
 class MaterializedAttentionScores(Rule):
@@ -29,6 +30,9 @@ class MaterializedAttentionScores(Rule):
     # `swapaxes`, `mT`), in a class whose base ends with `Module`.
     tokens = ("softmax",)
     requires = (("@", "matmul"), ("transpose", "swapaxes", "mT"), ("Module",))
+    # A method of a module class with a softmax, a score product and a second product, in a file that
+    # does not surely call the fused kernel.
+    gate_check = "gate_attention_scores.hand_written_attention"
     doc = RuleDoc(
         what=(
             "Reports the score product `q @ k.transpose(-2, -1)` (or `torch.matmul(q, k.transpose(...))`, "
@@ -360,11 +364,6 @@ class MaterializedAttentionScores(Rule):
             qual = model.qualname(call.func, scope)
             return qual is None or qual in SOFTMAX
         return model.qualname(call.func, scope) in SOFTMAX
-
-
-SDPA = frozenset(
-    {"torch.nn.functional.scaled_dot_product_attention", "torch.nn.functional.multi_head_attention_forward"}
-)
 
 
 SOFTMAX = frozenset({"torch.softmax", "torch.nn.functional.softmax", "torch.nn.functional.log_softmax"})
