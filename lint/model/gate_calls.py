@@ -6,6 +6,7 @@ assignment of a plain or dotted name: ``f = x.name``, as ``Rule.gate``'s ``alias
 from __future__ import annotations
 
 import ast
+from typing import Any, Protocol, TypeVar
 
 # The nodes that open a scope of ``FileModel`` (a comprehension opens none), by the scope's kind
 SCOPE_KINDS = {
@@ -35,6 +36,30 @@ CONTROL_PARTS: dict[type, tuple[tuple[str, str | None, str], ...]] = {
 }
 CONTROL_PARTS[ast.AsyncFor] = CONTROL_PARTS[ast.For]
 CONTROL_PARTS[ast.AsyncWith] = CONTROL_PARTS[ast.With]
+
+
+class ScopeLike(Protocol):
+    """A check's own scope record: its kind (``SCOPE_KINDS``' values, or "module") and the scope around."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def parent(self) -> Any: ...
+
+
+S = TypeVar("S", bound=ScopeLike)
+
+
+def enclosing_class(scope: S) -> S | None:
+    """``Scope.enclosing_class``: for a method (or a function nested in one), its class."""
+    current: S | None = scope
+    while current is not None and current.kind in ("function", "lambda"):
+        if current.parent is not None and current.parent.kind == "class":
+            return current.parent
+        current = current.parent
+    return None
+
+
 Bindings = list[tuple[str, str]]  # (name bound, the last name of what it is bound to)
 # the statements that may bind a name under another one (see ``binding``)
 BINDERS = frozenset({ast.Assign, ast.AnnAssign, ast.NamedExpr, ast.Import, ast.ImportFrom})

@@ -15,7 +15,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from trainlint.model.gate_calls import SCOPE_KINDS
+from trainlint.model.gate_calls import SCOPE_KINDS, enclosing_class
 from trainlint.model.summary import ast_dotted as dotted
 from trainlint.model.vocab import CLOCKS, SYNC_METHODS
 
@@ -63,12 +63,7 @@ class _Scope:
     @property
     def enclosing_class(self) -> _Scope | None:
         """``Scope.enclosing_class``: for a method (or a function nested in one), its class."""
-        scope: _Scope | None = self
-        while scope is not None and scope.kind in ("function", "lambda"):
-            if scope.parent is not None and scope.parent.kind == "class":
-                return scope.parent
-            scope = scope.parent
-        return None
+        return enclosing_class(self)
 
 
 class _Call:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import ast
 import weakref
 
-from trainlint.model.gate_calls import BINDERS, Bindings, binding, first_arg, names_bound_to
+from trainlint.model.gate_calls import BINDERS, Bindings, binding, enclosing_class, first_arg, names_bound_to
 from trainlint.model.gate_sharding_order import Resolve, resolver
 from trainlint.model.gate_zero_grad import accumulating_names, accumulation_test, counter_reset
 from trainlint.model.summary import ast_dotted as dotted
@@ -71,12 +71,7 @@ class _Scope:
     @property
     def owner(self) -> _Scope | None:
         """``Scope.enclosing_class``: for a method (or a function nested in one), its class."""
-        scope: _Scope | None = self
-        while scope is not None and scope.kind in ("function", "lambda"):
-            if scope.parent is not None and scope.parent.kind == "class":
-                return scope.parent
-            scope = scope.parent
-        return None
+        return enclosing_class(self)
 
 
 class _Call:

@@ -8,7 +8,7 @@ import ast
 import textwrap
 
 import pytest
-from conftest import FIXTURES, lint_project
+from conftest import FIXTURES, gate_check_keeps_findings, lint_project
 
 from trainlint import engine
 from trainlint import gates as gates_module
@@ -279,26 +279,10 @@ def test_every_placement_and_spelling_the_rule_reports_is_kept() -> None:
     assert reported == len(PLACES) * len(CONVERSIONS) * len(PARAMS) - len(PARAMS)
 
 
-def _texts() -> list[str]:
-    out = [e.code for e in RULE.invalid] + list(RULE.valid)
-    out += [textwrap.dedent(code) for code in KEPT + REJECTED]
-    out += [p.read_text(encoding="utf-8") for p in sorted(FIXTURES.rglob("*.py"))]
-    return out
-
-
 def test_every_reported_text_passes_the_check_and_the_findings_do_not_change() -> None:
-    reported = 0
-    for text in _texts():
-        try:
-            tree = ast.parse(text)
-        except SyntaxError:
-            continue
-        on = lint_text(text, "x.py", LintOptions(("TL105",)))
-        off = lint_text(text, "x.py", OPTIONS)
-        assert (on.findings, on.errors) == (off.findings, off.errors), text
-        if off.findings:
-            reported += 1
-            assert may_train_half_parameters(tree), text
+    reported = gate_check_keeps_findings(
+        "TL105", may_train_half_parameters, [textwrap.dedent(code) for code in KEPT + REJECTED]
+    )
     assert reported >= len(RULE.invalid) + len(KEPT)
 
 

@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, lint_project
+from conftest import gate_check_keeps_findings, lint_project
 
 from trainlint.engine import lint_text
 from trainlint.gates import gates, pass_tree_checks
@@ -120,26 +120,10 @@ def test_a_method_of_the_file_that_returns_its_loss_keeps_the_file(code: str, tm
     assert on == _reported(code, str(path)) and on
 
 
-def _texts() -> list[str]:
-    out = [e.code for e in RULE.invalid] + [textwrap.dedent(v) for v in RULE.valid]
-    out += [*KEPT, *REJECTED, *KEPT_WITH_PROJECT, BARE_VALUES]
-    out += [p.read_text(encoding="utf-8") for p in sorted(FIXTURES.rglob("*.py"))]
-    return out
-
-
 def test_every_reported_text_passes_the_check_and_the_findings_do_not_change() -> None:
-    reported = 0
-    for text in _texts():
-        try:
-            tree = ast.parse(text)
-        except SyntaxError:
-            continue
-        on = lint_text(text, "x.py", LintOptions(("TL302",)))
-        off = lint_text(text, "x.py", OFF)
-        assert (on.findings, on.errors) == (off.findings, off.errors), text
-        if any(f.rule == "TL302" for f in off.findings):
-            reported += 1
-            assert total_may_hold_loss_graph(tree), text
+    reported = gate_check_keeps_findings(
+        "TL302", total_may_hold_loss_graph, [*KEPT, *REJECTED, *KEPT_WITH_PROJECT, BARE_VALUES]
+    )
     assert reported >= len(RULE.invalid) + len(KEPT)
 
 

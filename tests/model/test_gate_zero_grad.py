@@ -8,7 +8,7 @@ import ast
 import textwrap
 
 import pytest
-from conftest import FIXTURES
+from conftest import gate_check_keeps_findings
 
 from trainlint.engine import lint_text
 from trainlint.gates import gates, pass_tree_checks
@@ -256,24 +256,8 @@ def test_the_engine_asks_the_check() -> None:
     assert pass_tree_checks([gates()["TL303"]], ast.parse(textwrap.dedent(KEPT[0])))
 
 
-def _texts() -> list[str]:
-    out = [e.code for e in RULE.invalid] + list(RULE.valid)
-    out += [textwrap.dedent(code) for code in KEPT + REJECTED]
-    out += [p.read_text(encoding="utf-8") for p in sorted(FIXTURES.rglob("*.py"))]
-    return out
-
-
 def test_every_reported_text_passes_the_check_and_the_findings_do_not_change() -> None:
-    reported = 0
-    for text in _texts():
-        try:
-            tree = ast.parse(text)
-        except SyntaxError:
-            continue
-        on = lint_text(text, "x.py", LintOptions(("TL303",)))
-        off = lint_text(text, "x.py", OPTIONS)
-        assert (on.findings, on.errors) == (off.findings, off.errors), text
-        if off.findings:
-            reported += 1
-            assert zero_grad_may_run_every_microstep(tree), text
+    reported = gate_check_keeps_findings(
+        "TL303", zero_grad_may_run_every_microstep, [textwrap.dedent(code) for code in KEPT + REJECTED]
+    )
     assert reported >= len(RULE.invalid) + len(KEPT)
