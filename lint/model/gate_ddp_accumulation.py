@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from trainlint.model.gate_calls import BINDERS
 from trainlint.model.gate_sharding_order import resolver
-from trainlint.model.gate_zero_grad import accumulating_names, accumulation_test, counter_reset
+from trainlint.model.gate_zero_grad import AccumulationConditions
 from trainlint.model.summary import ast_dotted as dotted
 from trainlint.model.vocab import DDP_CLASSES, OTHER_ENGINES, SYNC_CONTROLS, is_step_count_name
 
@@ -111,15 +111,7 @@ def ddp_backward_may_accumulate_without_no_sync(tree: ast.Module) -> bool:
         name for name, scopes in facts.defs.items() if any(_runs(s, "backward") for s in scopes)
     }
     step_helpers = {name for name, scopes in facts.defs.items() if any(_runs(s, "step") for s in scopes)}
-    conditions: dict[int, bool] = {}
-    accumulating: list[set[str]] = []  # the names that may hold an accumulation test, made when needed
-
-    def is_condition(node: ast.If) -> bool:
-        if id(node) not in conditions:
-            if not accumulating:
-                accumulating.append(accumulating_names(facts.tests))
-            conditions[id(node)] = accumulation_test(node.test, accumulating[0]) or counter_reset(node)
-        return conditions[id(node)]
+    is_condition = AccumulationConditions(facts.tests)
 
     for scope in facts.scopes:
         if scope.synced:

@@ -19,7 +19,11 @@ import weakref
 
 from trainlint.model.gate_calls import BINDERS, Bindings, binding, enclosing_class, first_arg, names_bound_to
 from trainlint.model.gate_sharding_order import Resolve, resolver
-from trainlint.model.gate_zero_grad import accumulating_names, accumulation_test, counter_reset
+from trainlint.model.gate_zero_grad import (
+    AccumulationConditions,
+    accumulation_test,
+    counter_reset,
+)
 from trainlint.model.summary import ast_dotted as dotted
 from trainlint.model.vocab import AUTOCAST_FUNCTIONS, NOT_OPTIMIZERS, OPTIMIZER_NAME, OPTIMIZER_PREFIXES
 
@@ -281,7 +285,7 @@ def update_may_run_every_microstep(tree: ast.Module) -> bool:
         loop = _innermost_loop(step.frames)
         if step.key is not None and loop is not None:
             steps.setdefault((step.scope, step.key), []).append(step)
-    names: list[set[str]] = []  # the names that may hold an accumulation test, made when needed
+    is_condition = AccumulationConditions(facts.tests)
     for update in facts.updates:
         loop = _innermost_loop(update.frames)
         candidates = steps.get((update.scope, update.key))  # type: ignore[arg-type]
@@ -292,12 +296,7 @@ def update_may_run_every_microstep(tree: ast.Module) -> bool:
         for step in candidates:
             if _innermost_loop(step.frames) is not loop or _exclusive(step.frames, update.frames):
                 continue
-            if not names:
-                names.append(accumulating_names(facts.tests))
-            if any(
-                accumulation_test(node.test, names[0]) or counter_reset(node)  # type: ignore[attr-defined]
-                for node in _ifs_inside(step.frames, loop)
-            ):
+            if any(is_condition(node) for node in _ifs_inside(step.frames, loop)):  # type: ignore[arg-type]
                 return True
     return False
 

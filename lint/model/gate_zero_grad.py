@@ -75,15 +75,7 @@ def zero_grad_may_run_every_microstep(tree: ast.Module) -> bool:
     facts = _walk(tree)
     if not facts.steps or not facts.zeros:
         return False
-    conditions: dict[int, bool] = {}
-    accumulating: list[set[str]] = []  # the names that may hold an accumulation test, made when needed
-
-    def is_condition(node: ast.If) -> bool:
-        if id(node) not in conditions:
-            if not accumulating:
-                accumulating.append(accumulating_names(facts.tests))
-            conditions[id(node)] = accumulation_test(node.test, accumulating[0]) or counter_reset(node)
-        return conditions[id(node)]
+    is_condition = AccumulationConditions(facts.tests)
 
     for step in facts.steps:
         keys = _optimizer_keys(step.node)
@@ -260,6 +252,23 @@ def _mentions_parameters_of(value: ast.AST, key: str) -> bool:
         ):
             return True
     return False
+
+
+class AccumulationConditions:
+    """Whether an ``if`` may be an accumulation condition (``accumulation_test`` of its test, or a
+    ``counter_reset``), each asked once; the names that may hold a test are gathered at the first."""
+
+    def __init__(self, tests: Iterable[tuple[str, ast.AST]]) -> None:
+        self._tests = tests
+        self._names: set[str] | None = None
+        self._answers: dict[int, bool] = {}
+
+    def __call__(self, node: ast.If) -> bool:
+        if id(node) not in self._answers:
+            if self._names is None:
+                self._names = accumulating_names(self._tests)
+            self._answers[id(node)] = accumulation_test(node.test, self._names) or counter_reset(node)
+        return self._answers[id(node)]
 
 
 def accumulating_names(tests: Iterable[tuple[str, ast.AST]]) -> set[str]:
