@@ -29,14 +29,16 @@ from trainlint.files import (
 from trainlint.gates import (
     CodeFacts,
     Gate,
+    callees_asked,
     code_facts,
     gates,
     names_as_written,
     pass_tree_checks,
     raw_answers,
+    reached_through,
     selected_gates,
 )
-from trainlint.model.project import Project
+from trainlint.model.project import Fact, Project
 from trainlint.model.stamps import parsed_before, text_digest
 from trainlint.model.summary import Summary, outline
 from trainlint.report.escape import one_line_code
@@ -542,14 +544,32 @@ def _rules_to_run(
         # findings that rest on another file's facts need less of this file's text; most need an
         # import of a definition with the right facts too (read with ``ast``: cheaper than libcst)
         imported = (
-            project.imported_facts(text, tree, own) if any(not g.project_callers for g in crossfile) else []
+            project.imported_facts_by_target(text, tree, own)
+            if any(not g.project_callers for g in crossfile)
+            else []
         )
+        trees = [tree]
         chosen += [
-            g
-            for g in crossfile
-            if g.project_callers or any(_rule(g.id).wants_fact(f.kind, f.facts) for f in imported)
+            g for g in crossfile if g.project_callers or _wants_any(_rule(g.id), imported, text, trees)
         ]
     return [_rule(g.id) for g in chosen]
+
+
+def _wants_any(
+    rule: type[Rule], imported: list[tuple[str, Fact]], text: str, trees: list[ast.Module | None]
+) -> bool:
+    """Whether an imported definition could take part in one of the rule's cross-file findings
+    (``Rule.wants_fact``), reached through a callee the rule may report at (``Rule.project_callees``,
+    asked of CPython's tree: ``trees`` holds the text's, parsed here once where the gate kept none)."""
+    wanted = [(target, f) for target, f in imported if rule.wants_fact(f.kind, f.facts)]
+    if not wanted or not rule.project_callees or not text.isascii():  # (see ``names_as_written``)
+        return bool(wanted)
+    if trees[0] is None:
+        trees[0] = _cpython_parse(text)[0]
+        if trees[0] is None:
+            return True
+    callees = callees_asked(rule.project_callees, trees[0])
+    return callees is None or any(reached_through(target, callees) for target, _ in wanted)
 
 
 def _rule(rule_id: str) -> type[Rule]:

@@ -541,31 +541,36 @@ def _trained(facts: _Facts, key: str, chain: Chain) -> bool:
 
 
 def _converted_by_imports(facts: _Facts) -> list[tuple[str, Chain]]:
+    return [(key, chain) for _, key, chain in _converted_by_calls(facts)]
+
+
+def _converted_by_calls(facts: _Facts) -> list[tuple[frozenset[str], str, Chain]]:
     """The names a function or class of another file may leave converted (``_converted_elsewhere``),
     at a call whose callee may be imported (``imported_fact``: a name bound by an import, or an alias
     of one): each argument that is a dotted name (``converted_arguments``) and the names of the target
     of ``x = call(...)``/``a, x = call(...)`` (``returned_half_modules``; ``assigned_name`` for a class
-    ``converted_when_built``), with the scopes around the call."""
-    out: list[tuple[str, Chain]] = []
-    imported: dict[str, bool] = {}
+    ``converted_when_built``), with the scopes around the call and the callee's qualified names."""
+    out: list[tuple[frozenset[str], str, Chain]] = []
+    imported: dict[str, frozenset[str]] = {}
     for call, _, chain in facts.calls:
         path = dotted(call.func)
         if path is None:
             continue
-        known = imported.get(path)
-        if known is None:
-            names = facts.qualnames(path)
-            known = imported[path] = any(not n.startswith(("<local>.", "builtins.")) for n in names)
-        if not known:
+        names = imported.get(path)
+        if names is None:
+            names = imported[path] = frozenset(
+                n for n in facts.qualnames(path) if not n.startswith(("<local>.", "builtins."))
+            )
+        if not names:
             continue
         passed = [a.value if isinstance(a, ast.Starred) else a for a in call.args]
         passed += [k.value for k in call.keywords if k.arg is not None]
-        out += [(key, chain) for key in map(dotted, passed) if key is not None]
+        out += [(names, key, chain) for key in map(dotted, passed) if key is not None]
         target = facts.assigned.get(id(call))
         if target is not None:
             elements = target.elts if isinstance(target, ast.Tuple) else []
             elements = [e.value if isinstance(e, ast.Starred) else e for e in elements]
-            out += [(key, chain) for key in map(dotted, [target, *elements]) if key is not None]
+            out += [(names, key, chain) for key in map(dotted, [target, *elements]) if key is not None]
     return out
 
 
@@ -586,3 +591,22 @@ def may_train_parameters_converted_elsewhere(tree: ast.Module) -> bool:
     if not facts.receivers:
         return False
     return _may_train(facts, _converted_by_imports(facts) + _converted_here(facts))
+
+
+def trained_callees(tree: ast.Module) -> frozenset[str]:
+    """The qualified names (``FileModel.qualname``: through the file's imports and aliases) of the
+    callees whose call may leave a name converted that an optimizer here then trains: of all the names
+    this file imports, only a function or class reached through one of these can take part in a
+    cross-file finding (``_converted_elsewhere`` reports at such a call, with the callee's facts).
+    Empty where ``may_train_parameters_converted_elsewhere`` holds for no imported call."""
+    facts = _collect(tree)
+    if not facts.receivers or not any(_may_build_optimizer(facts, call) for call, _, _ in facts.calls):
+        return frozenset()
+    if _keeps_master_weights(facts):
+        return frozenset()
+    _feed_parameters(facts)
+    out: set[str] = set()
+    for names, key, chain in _converted_by_calls(facts):
+        if not names <= out and _trained(facts, key, chain):
+            out |= names
+    return frozenset(out)

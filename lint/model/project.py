@@ -566,20 +566,27 @@ class Project:
         from a module, or every definition of a module imported whole. ``tree``: the text's CPython
         tree, where the caller has parsed it (the engine's gate has); ``own``: its outline, where the
         caller made it (``summary.outline``)."""
+        return [fact for _, fact in self.imported_facts_by_target(text, tree, own)]
+
+    def imported_facts_by_target(
+        self, text: str, tree: ast.Module | None = None, own: Summary | None = None
+    ) -> list[tuple[str, Fact]]:
+        """``imported_facts``, each with the import target it was reached through (``pkg.mod.f``, or
+        the module ``pkg.mod`` for a module imported whole)."""
         if not self.imports_from_project(text):
             return []
         own = own or self.index.outline_of(text, tree)
-        out: list[Fact] = []
+        out: list[tuple[str, Fact]] = []
         for target in own["imports"].values() if own else ():
             fact = self.lookup(target)
             if fact is not None:
-                out.append(fact)
+                out.append((target, fact))
                 continue
             file = self.index.module_file(target, self.path)
             summary = self._summary(file) if file is not None else None
             if summary is not None:
-                out += [Fact(str(file), n, "function", f) for n, f in summary["functions"].items()]
-                out += [Fact(str(file), n, "class", f) for n, f in summary["classes"].items()]
+                out += [(target, Fact(str(file), n, "function", f)) for n, f in summary["functions"].items()]
+                out += [(target, Fact(str(file), n, "class", f)) for n, f in summary["classes"].items()]
         return out
 
     def lookup(self, target: str, *, importer: Path | None = None, depth: int = 0) -> Fact | None:

@@ -93,6 +93,9 @@ class HalfInsteadOfAutocast(Rule):
     # Across files: a call of an imported name given or assigning a name whose `.parameters()` are
     # taken where the rule looks for its optimizer (the call standing for the conversion), and an optimizer.
     project_gate_check = "gate_half_params.may_train_parameters_converted_elsewhere"
+    # Of the imported names, only a callee whose call leaves a trained name converted counts: an
+    # `Accelerator()` whose instance is never trained does not, though its constructor may convert.
+    project_callees = "gate_half_params.trained_callees"
 
     @classmethod
     def wants_fact(cls, kind: str, facts: dict[str, Any]) -> bool:
