@@ -476,10 +476,12 @@ def measure_stdin(tmp: Path, timeout: float) -> dict[str, object]:
 
 # trainlint cold in one process, with every function and method of the project index timed (only the
 # outermost call counts): the index's share of the run's CPU, and the peak memory of the main process
-# and of the children that parse large files.
+# and of the children that parse large files. (``pyast``, the tree readings the gate checks share with
+# the summaries, counts only where an index function calls it.)
 _INDEX = r"""
 import json, resource, sys, time
 import trainlint.model.project as project
+import trainlint.model.dependency_keys as dependency_keys
 import trainlint.model.summary as summary
 import trainlint.model.index_imports as index_imports
 import trainlint.model.index_memory as index_memory
@@ -498,7 +500,7 @@ def timed(fn):
             depth[0] -= 1
     return wrapper
 originals = {}
-for module in (project, summary, index_imports, index_memory, stamps):
+for module in (project, dependency_keys, summary, index_imports, index_memory, stamps):
     for name, value in list(vars(module).items()):
         if callable(value) and getattr(value, "__module__", None) == module.__name__ and not isinstance(value, type):
             originals[value] = timed(value)

@@ -38,10 +38,7 @@ from trainlint.gates import (
     reached_through,
     selected_gates,
 )
-from trainlint.model.project import Fact, Project
 from trainlint.model.stamps import parsed_before, text_digest
-from trainlint.model.summary import Summary, outline
-from trainlint.report.escape import one_line_code
 from trainlint.results import FileResult, LintOptions, Problem, ProblemKind, internal_error
 from trainlint.rule import (
     Diagnostic,
@@ -55,23 +52,37 @@ from trainlint.rule import (
     load_rule,
     registry,
 )
-from trainlint.suppress import parse_suppressions
 
-if TYPE_CHECKING:  # libcst, the file model and the rules load only when a file needs them
+if TYPE_CHECKING:  # libcst, the file model, the project index and the rules load only when a file needs them
     import libcst as cst
 
     from trainlint.model import FileModel
+    from trainlint.model.project import Fact
+    from trainlint.model.summary import Summary
+
+# Names this module once imported at its top, still its attributes (``__getattr__``), and the module
+# each loads from; its own functions import what they use where they use it.
+_LAZY = {
+    "FileModel": "trainlint.model",
+    "Fact": "trainlint.model.project",
+    "Project": "trainlint.model.project",
+    "Summary": "trainlint.model.summary",
+    "outline": "trainlint.model.summary",
+    "one_line_code": "trainlint.report.escape",
+    "parse_suppressions": "trainlint.suppress",
+}
 
 
 def __getattr__(name: str) -> Any:
-    """``FileModel`` (and with it libcst) loads on first use: a run whose files no rule needs never
-    loads it."""
-    if name == "FileModel":
-        from trainlint.model import FileModel
+    """``FileModel`` (and with it libcst) and the project index load on first use: a run whose files
+    no rule needs (an editor's keystroke on most files) never loads them."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
 
-        globals()["FileModel"] = FileModel
-        return FileModel
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = globals()[name] = getattr(importlib.import_module(module), name)
+    return value
 
 
 def _file_model_class() -> type[FileModel]:
@@ -277,6 +288,8 @@ def _with_headroom(work: Callable[[], FileResult]) -> FileResult:
 def _to_finding(
     model: FileModel, rule: type[Rule], diag: Diagnostic, severity: Severity, path: str
 ) -> Finding:
+    from trainlint.report.escape import one_line_code  # (loaded with the first finding)
+
     where = model.position(diag.node)
     related = []
     for node, message, label in diag.labelled_related():
@@ -344,11 +357,12 @@ def lint_text(text: str, path: str, options: LintOptions) -> FileResult:
     verdict = _VERDICTS.pop((digest, options), None) if _VERDICTS else None
     if verdict is not None:  # the result cache's lookup ran the gate on this very text
         active, crossfile, tree, nesting, facts = verdict.active, verdict.crossfile, None, *verdict.depth
+        callees = verdict.callees
     elif digest and _summarised_and_quiet(text, digest, options):
         return result  # CPython parsed it (the index's summary of it says so), no rule can run on it
     else:
-        active, crossfile, tree, nesting, facts = _code_gate(text, options)
-    run = _rules_to_run(text, path, active, crossfile, tree, verdict.outline if verdict else None)
+        active, crossfile, tree, nesting, facts, callees = _code_gate(text, options)
+    run = _rules_to_run(text, path, active, crossfile, callees, verdict.outline if verdict else None, tree)
     if tree is not None or verdict is not None:
         if not run:
             return result  # CPython parsed it: no syntax error to report, no rule to run
@@ -362,6 +376,10 @@ def lint_text(text: str, path: str, options: LintOptions) -> FileResult:
     return _with_headroom(lambda: _lint_parsed(text, path, options, run, result))
 
 
+# A cross-file candidate's callees (``Rule.project_callees``) by rule id: None where any import may count
+Callees = dict[str, "frozenset[str] | None"]
+
+
 @dataclasses.dataclass(frozen=True)
 class _Verdict:
     """The gate's answer on a text CPython parsed: what ``lint_text`` computes before it asks the
@@ -371,6 +389,7 @@ class _Verdict:
     crossfile: list[Gate]
     depth: tuple[Nesting | None, CodeFacts | None]
     outline: Summary | None  # the text's imports (``summary.outline``), where the project is asked
+    callees: Callees
 
 
 # Verdicts of the gate the result cache asked for (``outcome_needs_no_project``), by text digest and
@@ -393,13 +412,14 @@ def _summarised_and_quiet(text: str, digest: str, options: LintOptions) -> bool:
 
 def _code_gate(
     text: str, options: LintOptions
-) -> tuple[list[Gate], list[Gate], ast.Module | None, Nesting | None, CodeFacts | None]:
+) -> tuple[list[Gate], list[Gate], ast.Module | None, Nesting | None, CodeFacts | None, Callees]:
     """The rules that may fire on the text (``active``) and the cross-file candidates (not active,
     their project prefilter passed, not ruled out by the code), with CPython's tree of the text (None
-    where it rejects it or the prefilter is off), the nesting scan where made and the code's facts."""
+    where it rejects it or the prefilter is off), the nesting scan where made, the code's facts and the
+    candidates' callees."""
     rules = selected_gates(options.rule_ids)
     if not options.prefilter:
-        return rules, [], None, None, None
+        return rules, [], None, None, None, {}
     answers = raw_answers(text)  # (those the result cache's key asked already are not asked again)
     active = [g for g in rules if answers.can_fire(g, text)]
     tree, nesting = _cpython_tree(text)
@@ -414,9 +434,10 @@ def _code_gate(
             active = pass_tree_checks(active, tree)
     # asked once per file: a project prefilter such as TL204's pattern is tried at every word of the text
     crossfile = [g for g in rules if g not in active and answers.can_fire_in_project(g, text)]
+    callees: Callees = {}
     if tree is not None:
-        crossfile, facts = _project_candidates(tree, facts, crossfile, text)
-    return active, crossfile, tree, nesting, facts
+        crossfile, facts, callees = _project_candidates(tree, facts, crossfile, text)
+    return active, crossfile, tree, nesting, facts, callees
 
 
 def outcome_needs_no_project(text: str, options: LintOptions) -> bool:
@@ -425,7 +446,7 @@ def outcome_needs_no_project(text: str, options: LintOptions) -> bool:
     (the result cache answers such a file without a key of its dependencies, and without a lint)."""
     if _text_problem("", text) is not None:
         return False
-    active, crossfile, tree, nesting, facts = _code_gate(text, options)
+    active, crossfile, tree, nesting, facts, callees = _code_gate(text, options)
     if tree is None:
         return False
     if not active and not crossfile:
@@ -435,8 +456,12 @@ def outcome_needs_no_project(text: str, options: LintOptions) -> bool:
     if nesting is None:  # (the depth alone: the names' text is not needed after the gate)
         depth, line = (facts.depth, facts.depth_line) if facts is not None else _tree_depth(tree)
         facts = CodeFacts("", depth, line)
-    own = outline(text, tree) if any(not g.project_callers for g in crossfile) else None
-    _VERDICTS[(text_digest(text), options)] = _Verdict(active, crossfile, (nesting, facts), own)
+    own = None
+    if any(not g.project_callers for g in crossfile):
+        from trainlint.model.summary import outline
+
+        own = outline(text, tree)
+    _VERDICTS[(text_digest(text), options)] = _Verdict(active, crossfile, (nesting, facts), own, callees)
     return False
 
 
@@ -452,7 +477,7 @@ PARSE_MEMORY = 2 * 1024**3
 
 def _project_candidates(
     tree: ast.Module, facts: CodeFacts | None, crossfile: list[Gate], text: str
-) -> tuple[list[Gate], CodeFacts | None]:
+) -> tuple[list[Gate], CodeFacts | None, Callees]:
     """``crossfile`` less the rules whose cross-file findings the file's code rules out
     (``Rule.project_gate``, ``Rule.project_gate_check``): the project index is not asked about them (its
     summaries of the imported modules cost as much as a parse each). With the walk of the tree, when it
@@ -460,11 +485,13 @@ def _project_candidates(
     if any(g.project_code for g in crossfile):
         facts = facts or code_facts(tree)
         crossfile = [g for g in crossfile if not g.project_code or g.in_project_code(facts.text)]
-    if any(g.project_check for g in crossfile):
+    callees: Callees = {}
+    if any(g.project_check or g.project_callees for g in crossfile):
         facts = facts or code_facts(tree)
-        if names_as_written(facts.text, text):
+        if names_as_written(facts.text, text):  # (else every candidate is kept, with any callee)
             crossfile = pass_tree_checks(crossfile, tree, project=True)
-    return crossfile, facts
+            callees = {g.id: callees_asked(g.project_callees, tree) for g in crossfile if g.project_callees}
+    return crossfile, facts, callees
 
 
 def _lint_isolated(
@@ -530,16 +557,21 @@ def _rules_to_run(
     path: str,
     active: list[Gate],
     crossfile: list[Gate],
-    tree: ast.Module | None = None,
+    callees: Callees | None = None,
     own: Summary | None = None,
+    tree: ast.Module | None = None,
 ) -> list[type[Rule]]:
     """The rule classes to run on the file: the ``active`` ones, and those of the ``crossfile``
     candidates (not active, their project prefilter passed) whose cross-file findings the project index
-    says are possible. Loads only those rules' modules. ``tree``: the gate's CPython tree of the text,
-    which the index's summary of the file reuses; ``own``: that summary's outline, where the gate kept
-    it without the tree."""
-    project = Project.for_file(path) if crossfile else None
+    says are possible, through one of their ``callees`` (the gate's). Loads only those rules' modules.
+    ``tree``: the gate's CPython tree of the text, which the index's summary of the file reuses;
+    ``own``: that summary's outline, where the gate kept it without the tree."""
     chosen = list(active)
+    project = None
+    if crossfile:
+        from trainlint.model.project import Project
+
+        project = Project.for_file(path)
     if project is not None:
         # findings that rest on another file's facts need less of this file's text; most need an
         # import of a definition with the right facts too (read with ``ast``: cheaper than libcst)
@@ -548,28 +580,22 @@ def _rules_to_run(
             if any(not g.project_callers for g in crossfile)
             else []
         )
-        trees = [tree]
         chosen += [
-            g for g in crossfile if g.project_callers or _wants_any(_rule(g.id), imported, text, trees)
+            g
+            for g in crossfile
+            if g.project_callers or _wants_any(_rule(g.id), imported, (callees or {}).get(g.id))
         ]
     return [_rule(g.id) for g in chosen]
 
 
-def _wants_any(
-    rule: type[Rule], imported: list[tuple[str, Fact]], text: str, trees: list[ast.Module | None]
-) -> bool:
+def _wants_any(rule: type[Rule], imported: list[tuple[str, Fact]], callees: frozenset[str] | None) -> bool:
     """Whether an imported definition could take part in one of the rule's cross-file findings
-    (``Rule.wants_fact``), reached through a callee the rule may report at (``Rule.project_callees``,
-    asked of CPython's tree: ``trees`` holds the text's, parsed here once where the gate kept none)."""
-    wanted = [(target, f) for target, f in imported if rule.wants_fact(f.kind, f.facts)]
-    if not wanted or not rule.project_callees or not text.isascii():  # (see ``names_as_written``)
-        return bool(wanted)
-    if trees[0] is None:
-        trees[0] = _cpython_parse(text)[0]
-        if trees[0] is None:
-            return True
-    callees = callees_asked(rule.project_callees, trees[0])
-    return callees is None or any(reached_through(target, callees) for target, _ in wanted)
+    (``Rule.wants_fact``), reached through one of ``callees`` (``Rule.project_callees``, asked by the
+    gate; None: through any import)."""
+    return any(
+        rule.wants_fact(f.kind, f.facts) and (callees is None or reached_through(target, callees))
+        for target, f in imported
+    )
 
 
 def _rule(rule_id: str) -> type[Rule]:
@@ -645,6 +671,8 @@ def _lint_module(
             Problem(ProblemKind.UNANALYSABLE, path, "file model: nested too deeply to analyse")
         )
         return result
+    from trainlint.model.project import Project  # (loaded with the file model already, for its rules)
+
     model.project = Project.for_file(path)
     try:
         _run_rules(model, text, path, options, active, result)
@@ -657,6 +685,8 @@ def _lint_module(
 def _run_rules(
     model: FileModel, text: str, path: str, options: LintOptions, active: list[type[Rule]], result: FileResult
 ) -> None:
+    from trainlint.suppress import parse_suppressions  # (a file no rule runs on needs none)
+
     severity = dict(options.severity)
     suppressions = parse_suppressions(text)
     for rule in active:

@@ -8,7 +8,7 @@ import ast
 from dataclasses import dataclass, field
 
 from trainlint.model.gate_calls import BINDERS, Bindings, binding, last_name, names_bound_to
-from trainlint.model.summary import ast_dotted as dotted
+from trainlint.model.pyast import ast_dotted as dotted
 from trainlint.model.vocab import SDPA
 
 SDPA_NAMES = frozenset(name.rpartition(".")[2] for name in SDPA)

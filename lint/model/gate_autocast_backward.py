@@ -16,7 +16,7 @@ import ast
 from collections.abc import Callable
 
 from trainlint.model.gate_calls import Bindings, binding, names_bound_to
-from trainlint.model.summary import ast_dotted as dotted
+from trainlint.model.pyast import ast_dotted as dotted
 from trainlint.model.vocab import AUTOCAST_FUNCTIONS, SCALING_FRAMEWORKS
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from trainlint.model.gate_sharding_order import Resolve, resolver
-from trainlint.model.summary import ast_dotted as dotted
+from trainlint.model.pyast import ast_dotted as dotted
 from trainlint.model.vocab import (
     CLIP_FUNCTIONS,
     GRAD_SCALERS,

@@ -16,7 +16,7 @@ import ast
 from collections.abc import Iterator
 
 from trainlint.model.gate_calls import SCOPE_KINDS, enclosing_class
-from trainlint.model.summary import ast_dotted as dotted
+from trainlint.model.pyast import ast_dotted as dotted
 from trainlint.model.vocab import CLOCKS, SYNC_METHODS
 
 _CLOCK_NAMES = frozenset(c.rpartition(".")[2] for c in CLOCKS)

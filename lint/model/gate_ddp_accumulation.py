@@ -20,7 +20,7 @@ from collections.abc import Callable
 from trainlint.model.gate_calls import BINDERS
 from trainlint.model.gate_sharding_order import resolver
 from trainlint.model.gate_zero_grad import AccumulationConditions
-from trainlint.model.summary import ast_dotted as dotted
+from trainlint.model.pyast import ast_dotted as dotted
 from trainlint.model.vocab import DDP_CLASSES, OTHER_ENGINES, SYNC_CONTROLS, is_step_count_name
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)

@@ -20,7 +20,7 @@ from collections import Counter
 
 from trainlint.model.gate_calls import first_arg, keyword, last_name
 from trainlint.model.gate_sharding_order import Resolve, resolver
-from trainlint.model.summary import ast_dotted as dotted
+from trainlint.model.pyast import ast_dotted as dotted
 from trainlint.model.vocab import (
     BACKWARD_NAMES,
     CLIP_FUNCTIONS,

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import ast
 import builtins
+from typing import Any
 
-from trainlint.model.summary import ast_dotted as dotted
+from trainlint.model.pyast import ast_dotted as dotted
 from trainlint.model.vocab import (
     LOW_PRECISION_DTYPES,
     MASTER_WEIGHT_CALLS,
@@ -87,6 +88,7 @@ class _Facts:
         self.passed: dict[str, set[str]] | None = None  # (``_helper_parameters``, once asked)
         self._names: dict[str, frozenset[str]] = {}
         self._optimizers: dict[str, bool] = {}
+        self.fed = False  # ``parameters`` made (``_feed_parameters``)
 
     def bind(self, name: str, what: Bound) -> None:
         self.bindings.setdefault(name, []).append(what)
@@ -231,6 +233,17 @@ def _statement(facts: _Facts, node: ast.stmt, chain: Chain) -> None:
         value, key = node.value, dotted(node.target)
     if key is not None and isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute):
         facts.statements.append((key, value, chain))
+
+
+# The tree asked last and its facts: TL105's checks ask the same tree up to three times (its own
+# findings, the cross-file ones, the callees a cross-file finding may rest on).
+_LAST: list[Any] = [None, None]
+
+
+def _facts_of(tree: ast.Module) -> _Facts:
+    if _LAST[0] is not tree:
+        _LAST[:] = [tree, _collect(tree)]
+    return _LAST[1]
 
 
 def _collect(tree: ast.Module) -> _Facts:
@@ -422,6 +435,9 @@ def _feed_parameters(facts: _Facts) -> None:
     ``iter`` calls, list, tuple and set displays, dict values, comprehensions over plain names and
     ``+``. Not, say, ``for p in model.parameters()`` or ``sum(p.numel() for p in ...)``. The search
     stays in the scope of the value (no lambda), so each call gets the value's scopes."""
+    if facts.fed:
+        return
+    facts.fed = True
     roots = [
         (first, chain)
         for call, first, chain in facts.calls
@@ -511,7 +527,7 @@ def may_train_half_parameters(tree: ast.Module) -> bool:
     receives the name under; the names a caller binds a builder's returned module to. False only when
     one fails: then ``_converted_here`` reports nothing.
     """
-    facts = _collect(tree)
+    facts = _facts_of(tree)
     if not facts.receivers or not facts.statements:
         return False
     return _may_train(facts, _converted_here(facts))
@@ -587,7 +603,7 @@ def may_train_parameters_converted_elsewhere(tree: ast.Module) -> bool:
     The conversion statements of ``may_train_half_parameters`` count too (``_converted_here`` runs in
     the cross-file path as well; the prefilter already keeps those files from it, at no cost here).
     """
-    facts = _collect(tree)
+    facts = _facts_of(tree)
     if not facts.receivers:
         return False
     return _may_train(facts, _converted_by_imports(facts) + _converted_here(facts))
@@ -599,7 +615,7 @@ def trained_callees(tree: ast.Module) -> frozenset[str]:
     this file imports, only a function or class reached through one of these can take part in a
     cross-file finding (``_converted_elsewhere`` reports at such a call, with the callee's facts).
     Empty where ``may_train_parameters_converted_elsewhere`` holds for no imported call."""
-    facts = _collect(tree)
+    facts = _facts_of(tree)
     if not facts.receivers or not any(_may_build_optimizer(facts, call) for call, _, _ in facts.calls):
         return frozenset()
     if _keeps_master_weights(facts):

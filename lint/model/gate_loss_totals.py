@@ -19,7 +19,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
-from trainlint.model.summary import ast_dotted as dotted
+from trainlint.model.pyast import ast_dotted as dotted
 from trainlint.model.vocab import BACKWARD_NAMES, is_step_count_name
 
 # TL302's ``DETACHING_METHODS`` and the builtins of its ``DETACHING_FUNCTIONS``: their result holds no graph

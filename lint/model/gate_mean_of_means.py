@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 
 from trainlint.model.gate_calls import BINDERS, Bindings, binding, last_name, names_bound_to
-from trainlint.model.summary import ast_dotted as dotted
+from trainlint.model.pyast import ast_dotted as dotted
 from trainlint.model.vocab import (
     BACKWARD_NAMES,
     CROSS_ENTROPY_CLASSES,

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from trainlint.model.gate_calls import CONTROL_PARTS, SCOPE_KINDS, enclosing_class, last_name
 from trainlint.model.gate_sharding_order import resolver
-from trainlint.model.summary import ast_dotted as dotted
+from trainlint.model.pyast import ast_dotted as dotted
 from trainlint.model.vocab import (
     CHECKPOINT_FUNCTIONS,
     CLIP_FUNCTIONS,

@@ -24,7 +24,7 @@ from trainlint.model.gate_zero_grad import (
     accumulation_test,
     counter_reset,
 )
-from trainlint.model.summary import ast_dotted as dotted
+from trainlint.model.pyast import ast_dotted as dotted
 from trainlint.model.vocab import AUTOCAST_FUNCTIONS, NOT_OPTIMIZERS, OPTIMIZER_NAME, OPTIMIZER_PREFIXES
 
 # A frame as ``FileModel`` records one: (kind, node, branch); only ``if`` and loop frames are kept.

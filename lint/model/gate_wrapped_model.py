@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 
 from trainlint.model.gate_calls import BINDERS, SCOPE_KINDS, Bindings, binding, first_arg, names_bound_to
-from trainlint.model.summary import ast_dotted as dotted
+from trainlint.model.pyast import ast_dotted as dotted
 from trainlint.model.vocab import DDP_CLASSES
 
 # the last part of every name in ``vocab.DDP_CLASSES``

@@ -12,7 +12,7 @@ import ast
 from collections.abc import Iterable
 
 from trainlint.model.gate_calls import CONTROL_PARTS, SCOPE_KINDS
-from trainlint.model.summary import ast_dotted as dotted
+from trainlint.model.pyast import ast_dotted as dotted
 
 # A frame as ``FileModel`` records one: (kind, node, branch).
 Frame = tuple[str, ast.AST, str]

@@ -27,6 +27,8 @@ import re
 import warnings
 from typing import Any
 
+from trainlint.model.pyast import ast_dotted
+
 Summary = dict[str, Any]
 
 _HALF_DTYPES = ("float16", "half", "bfloat16")
@@ -38,18 +40,6 @@ _HALF_METHODS = frozenset({"convert_to_fp16", "convert_to_f16", "convert_to_half
 _AUX_TRACKER = re.compile(
     r"(save|add|record|track|append|log|update)\w*aux\w*loss|aux\w*loss\w*(track|save|record)", re.I
 )
-
-
-def ast_dotted(node: ast.AST | None) -> str | None:
-    """``a.b.c`` for a Name/Attribute chain of CPython's tree, else None."""
-    parts: list[str] = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-        return ".".join(reversed(parts))
-    return None
 
 
 def _where(node: ast.AST) -> list[int]:

@@ -18,7 +18,7 @@ import builtins
 import warnings
 from dataclasses import dataclass
 
-from trainlint.model.summary import ast_dotted
+from trainlint.model.pyast import ast_dotted
 
 # positions compare as (line, column); columns are UTF-8 offsets here and characters in libcst, which
 # order the names of one line the same way

@@ -155,6 +155,7 @@ def test_the_check_does_not_load_libcst() -> None:
         "re",
         "collections.abc",
         "dataclasses",
+        "trainlint.model.pyast",
         "trainlint.model.summary",
         "trainlint.model.gate_calls",
         "trainlint.model.vocab",

@@ -16,6 +16,7 @@ from trainlint import engine
 from trainlint.engine import lint_text
 from trainlint.gates import reached_through
 from trainlint.model.gate_half_params import trained_callees
+from trainlint.model.stamps import text_digest
 from trainlint.results import LintOptions
 from trainlint.rule import registry
 
@@ -50,7 +51,7 @@ def test_a_class_built_but_never_trained_is_not_parsed_for_the_rule(tmp_path, mo
     assert [g.id for g in engine._code_gate(text, OPTIONS)[1]] == ["TL105"]  # a cross-file candidate
     checked = lint_text(text, str(path), OPTIONS)
     assert checked.findings == [] and not checked.parsed
-    monkeypatch.setattr(RULE, "project_callees", "")  # without the question: the index wants `Net`
+    monkeypatch.setattr(engine, "callees_asked", lambda name, tree: None)  # any import: `Net` is wanted
     unchecked = lint_text(text, str(path), OPTIONS)
     assert unchecked.findings == [] and unchecked.parsed
 
@@ -134,3 +135,15 @@ def test_a_definition_is_reached_through_its_import_or_a_name_under_it(
     target: str, callees: set[str], reached: bool
 ) -> None:
     assert reached_through(target, frozenset(callees)) is reached
+
+
+def test_the_result_caches_verdict_carries_the_callees(tmp_path, monkeypatch) -> None:
+    """A cold run with a cache gates each file when it looks it up and keeps no tree: the lint that
+    follows takes the callees from the verdict, without parsing the text again."""
+    path, text = _project(tmp_path, {"nets.py": NETS}, BUILT_NOT_TRAINED)
+    assert not engine.outcome_needs_no_project(text, OPTIONS)  # (kept: a cross-file candidate)
+    verdict = engine._VERDICTS[(text_digest(text), OPTIONS)]
+    assert verdict.callees["TL105"] is not None and "nets.Net" not in verdict.callees["TL105"]
+    monkeypatch.setattr(engine, "_cpython_parse", lambda text: pytest.fail("parsed again"))
+    checked = lint_text(text, str(path), OPTIONS)
+    assert checked.findings == [] and not checked.parsed

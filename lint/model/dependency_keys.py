@@ -1,0 +1,147 @@
+"""The project index's part of the result cache's key (``dependency_key``): the digests of the facts of
+the files a file's findings can rest on (the modules it imports, through the ``__init__`` re-exports a
+lookup follows, and the callers of a function that receives a GradScaler), recorded with the stamps
+of the folders and files they came from so that a warm run checks them with stat calls."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from trainlint.model.index_imports import import_targets, may_receive_scaler, receives_scaler
+from trainlint.model.project import Project, ProjectIndex
+from trainlint.model.stamps import answer_digest, collector_paused, file_stamp, recorded_answer
+
+
+def dependency_key(path: str, text: str, store: Path | None = None, batch: object | None = None) -> str:
+    """The digest of the other files' facts that linting ``path`` (with this text) can use: the
+    summaries of the project modules it imports, and the calls of its functions made elsewhere when it
+    has a function that receives a GradScaler (TL101 asks who passed it). Empty outside a project or
+    when the file imports nothing of it. ``batch``: a token shared by the keys of one run, whose
+    lookups are answered once for all its files (records keep the stamps taken before: a folder
+    changed meanwhile fails their check in the next run)."""
+    return _key(path, text, store, batch, recorded_only=False) or ""
+
+
+def recorded_dependency_key(path: str, text: str, store: Path, batch: object | None = None) -> str | None:
+    """``dependency_key`` when the file's record for this very text holds (a warm run); else None."""
+    return _key(path, text, store, batch, recorded_only=True)
+
+
+def _key(path: str, text: str, store: Path | None, batch: object | None, recorded_only: bool) -> str | None:
+    project = Project.for_file(path, None, store, batch)
+    if project is None:
+        return ""
+    with collector_paused():
+        found = _dependencies(project, text, batch, recorded_only)
+        if found is None:
+            return None
+        parts, scaler = found
+        for name in scaler:
+            parts.append(f"callers:{name}={_callers_digest(project, name, batch)}")
+    project.index.save_manifest()
+    return answer_digest(parts) if parts else ""
+
+
+def _dependencies(
+    project: Project, text: str, batch: object | None = None, recorded_only: bool = False
+) -> tuple[list[str], list[str]] | None:
+    """The project modules the file imports, through package ``__init__`` re-exports, as ``file=facts
+    digest``; and its functions that receive a GradScaler. From the file's record while it holds: for
+    the same text, or for a text with the same imports (an edit elsewhere in the file, pre-commit's
+    case: the files they lead to are the record's, checked by their stamps)."""
+    index, slot = project.index, str(project.path)
+    record = index.recorded(slot, batch)
+    digest = index._digest(text)
+    answer = recorded_answer(record, "text", digest)
+    if answer is not None or recorded_only:
+        return answer
+    # the import statements read in place, not the whole file parsed (a cold run keys every file
+    # before it lints one); parsed when a function may receive a GradScaler (its params count)
+    targets = None if may_receive_scaler(text) else import_targets(text)
+    own = index.outline_of(text) if targets is None else {"imports": {}, "functions": {}}
+    imports = sorted(set(own["imports"].values())) if targets is None and own else targets or []
+    scaler = [
+        name
+        for name, facts in sorted(own["functions"].items() if own else ())
+        if any(receives_scaler(p) for p in facts["params"])
+    ]
+    shape = answer_digest(imports)
+    answer = recorded_answer(record, "imports", shape)
+    if answer is not None and record is not None:
+        index.update_record(slot, text=digest, scaler=scaler)
+        return answer[0], scaler
+    found: dict[str, tuple[int, int]] = {}
+    digests, keep = [], True
+    with _consulting(index, batch) as folders:
+        seen, followed = {str(project.path)}, set()
+        queue = [(project.path, imports)] if own is not None else []
+        while queue:
+            importer, targets = queue.pop(0)
+            for target, file in zip(targets, index.imported_files(importer, targets), strict=True):
+                if file is None:
+                    continue
+                if str(file) not in seen:
+                    seen.add(str(file))
+                    digests.append(index.facts_digest(file))
+                    stamp = index._manifest().get(str(file))
+                    keep = keep and stamp is not None and stamp[2] == digests[-1]  # else changed meanwhile
+                    found[str(file)] = (stamp[0], stamp[1]) if stamp is not None else (-1, -1)
+                if file.name == "__init__.py" and len(seen) < 64 and (str(file), target) not in followed:
+                    followed.add((str(file), target))
+                    further = _reexported(index, file, target, importer)
+                    if further:  # a package re-exports: the facts are one import further
+                        queue.append((file, further))
+    if keep:
+        index.keep_record(
+            slot, folders, found, text=digest, imports=shape, digests=" ".join(digests), scaler=scaler
+        )
+    return [f"{f}={d}" for f, d in zip(found, digests, strict=True)], scaler
+
+
+def _reexported(index: ProjectIndex, package: Path, target: str, importer: Path) -> list[str]:
+    """The imports of a package's ``__init__`` that a lookup of ``target`` may follow: of a name
+    imported from the package (``from pkg import helper``), that name's own import there, as
+    ``Project.lookup`` follows it; of the package itself (``import pkg``), every one (any name may be
+    looked up through it)."""
+    facts = index.summary(package)
+    if facts is None:
+        return []
+    if index.module_file(target, importer) == package:  # the package itself
+        return sorted(set(facts["imports"].values()))
+    name = target.rpartition(".")[2]
+    own = facts["imports"].get(name)
+    return [own] if own is not None else []
+
+
+def _callers_digest(project: Project, name: str, batch: object | None = None) -> str:
+    """The digest of the calls of ``name`` (of the linted file) made in other project files; from its
+    record while the project's folders and every file in them are as they were."""
+    index, slot = project.index, f"{project.path}\0callers:{name}"
+    record = index.recorded(slot, batch)
+    if record is not None and isinstance(record.get("digest"), str):
+        return str(record["digest"])
+    project._walked = None  # walked afresh: the walk's folders are stamped
+    with _consulting(index) as folders:
+        digest = answer_digest(project.callers(project.path, name))
+    stamps = {str(file): file_stamp(index._by_stat.get(str(file)), file) for file in project._files()}
+    index.keep_record(slot, folders, stamps, digest=digest)
+    return digest
+
+
+@contextlib.contextmanager
+def _consulting(index: ProjectIndex, batch: object | None = None) -> Iterator[dict[str, int]]:
+    """Lookups stamping the folders they consult (yielded), answered afresh but for those asked
+    before in the same ``batch`` (see ``dependency_key``)."""
+    if batch is None or batch is not index._batch:
+        index._asked.clear()
+        index._expanded.clear()
+        index._mtimes.clear()
+        index._digested.clear()
+        index._batch = batch
+    index._consulted = folders = {}
+    try:
+        yield folders
+    finally:
+        index._consulted = None
