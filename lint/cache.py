@@ -37,11 +37,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainlint import __version__
-from trainlint.files import read_source
+from trainlint.files import NOTEBOOK, read_source
 from trainlint.model.pins import pins_stamp
 from trainlint.model.project import dependency_key, recorded_dependency_key
 from trainlint.model.stamps import collector_paused
-from trainlint.notebook import SUFFIX as NOTEBOOK
+from trainlint.results import frame_text
 from trainlint.rule import Finding
 
 if TYPE_CHECKING:
@@ -145,17 +145,6 @@ def remembered_fingerprint(folder: Path, secret: bytes) -> str:
 
 def _memo_mac(secret: bytes, stamps: str, fingerprint: str) -> str:
     return hmac.new(secret, f"{stamps}\0{fingerprint}".encode(), hashlib.sha256).hexdigest()
-
-
-def frame_text(path: str, findings: list[Finding], text: str) -> str | None:
-    """The text code frames are drawn from, or None: none when there is nothing to draw, and none for
-    TL901/TL902 of a file reached through a link (the frame would print bytes the file does not own,
-    such as a key a committed link points at)."""
-    if not findings:
-        return None
-    if os.path.islink(path) and any(f.rule in ("TL901", "TL902") for f in findings):
-        return None
-    return text
 
 
 def user_cache_base() -> Path | None:

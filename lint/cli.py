@@ -8,41 +8,39 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from trainlint import __version__
 from trainlint.bounded import give_back_memory
-from trainlint.cache import Job, Outcome, ResultCache, frame_text, open_cache
 from trainlint.config import (
     Config,
     ConfigError,
     ConfigResolver,
-    check_selectors,
     find_config,
+    flag_selectors,
     rule_ids_for_file,
     select_rules,
 )
-from trainlint.files import MAX_SOURCE_BYTES, discover, display_path, is_excluded, read_source
+from trainlint.files import MAX_SOURCE_BYTES, NOTEBOOK, discover, display_path, is_excluded, read_source
 from trainlint.gates import rule_ids
-from trainlint.notebook import MAX_NOTEBOOK_BYTES
-from trainlint.notebook import SUFFIX as NOTEBOOK
 from trainlint.procs import PENDING_EXIT, Terminated, discard_stdout, init_worker, sigterm_unwinds
 from trainlint.report import REPORTERS, OutputOptions, RunReport, make_console
-from trainlint.report.escape import escape_controls
-from trainlint.results import FileResult, LintOptions, Problem, ProblemKind, internal_error
+from trainlint.results import FileResult, LintOptions, Problem, ProblemKind, frame_text, internal_error
 from trainlint.rule import Finding, use_known_ids
 
 if TYPE_CHECKING:
     import multiprocessing.context
 
+    from trainlint.cache import Job, Outcome, ResultCache
     from trainlint.fix import FixOutcome
     from trainlint.verify.runner import Child
 
-# A run answered from the result cache imports neither the engine (libcst, the rules) nor rich: both
-# are imported where a file is really linted or findings are drawn.
+# A run answered from the result cache imports neither the engine (libcst, the rules) nor rich, and an
+# editor's ``--no-cache -`` neither the cache (with the project index) nor the notebook reader: each is
+# imported where a file is really linted, a cache used, a notebook read or findings are drawn.
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 _PENDING_EXIT = PENDING_EXIT  # the exit code of a run whose output is being printed (or a subcommand's)
@@ -66,11 +64,28 @@ class _Parser(argparse.ArgumentParser):
 
 
 class _HelpFormatter(argparse.HelpFormatter):
+    def __init__(self, prog: str, *args: Any, **kwargs: Any) -> None:
+        # argparse makes one for every argument added (to check its metavar); without a width, each asks
+        # shutil (2 ms to import, with its compression modules) for a help text an editor's run never prints
+        if len(args) < 3 and kwargs.get("width") is None:
+            kwargs["width"] = _terminal_columns() - 2
+        super().__init__(prog, *args, **kwargs)
+
     def _fill_text(self, text: str, width: int, indent: str) -> str:
         # the epilog is laid out by hand (a table of commands); the description is one paragraph
         if "\n" in text:
             return "".join(indent + line for line in text.splitlines(keepends=True))
         return super()._fill_text(text, width, indent)
+
+
+def _terminal_columns() -> int:
+    """``shutil.get_terminal_size().columns``: ``$COLUMNS``, else the terminal's on stdout, else 80."""
+    with suppress(KeyError, ValueError):
+        if int(os.environ["COLUMNS"]) > 0:
+            return int(os.environ["COLUMNS"])
+    with suppress(AttributeError, ValueError, OSError):
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80
+    return 80
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -129,12 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _split(value: str | None) -> list[str]:
-    return [v.strip() for v in value.split(",") if v.strip()] if value else []
-
-
 def _error(message: str) -> None:
     """One plain line on stderr (no markup or emoji codes; control characters escaped)."""
+    from trainlint.report.escape import escape_controls  # (its patterns: a run with no error needs none)
+
     print(f"trainlint: error: {escape_controls(message)}", file=sys.stderr)
 
 
@@ -152,11 +165,14 @@ def _lint_one(job: Job, cache: ResultCache | None = None, trim: bool = True) -> 
     import gc
 
     from trainlint.engine import lint_text, unreadable, with_configured_severity
-    from trainlint.notebook import lint_notebook
 
     fs_path, shown, options = job
-    is_notebook = fs_path.endswith(NOTEBOOK)
-    source = read_source(Path(fs_path), MAX_NOTEBOOK_BYTES if is_notebook else MAX_SOURCE_BYTES)
+    lint, limit = lint_text, MAX_SOURCE_BYTES
+    if fs_path.endswith(NOTEBOOK):
+        from trainlint.notebook import MAX_NOTEBOOK_BYTES, lint_notebook
+
+        lint, limit = lint_notebook, MAX_NOTEBOOK_BYTES
+    source = read_source(Path(fs_path), limit)
     if source.text is None:
         result = FileResult(shown)
         if "TL902" in options.rule_ids:
@@ -177,7 +193,6 @@ def _lint_one(job: Job, cache: ResultCache | None = None, trim: bool = True) -> 
                 gc.freeze()
         gc.disable()
     try:
-        lint = lint_notebook if is_notebook else lint_text
         result = lint(source.text, shown, options)
     except Exception as exc:  # the engine itself failed on this file: report it, keep going
         result = FileResult(shown, errors=[internal_error(shown, exc)])
@@ -211,7 +226,7 @@ class _Selectors(NamedTuple):
     ignore: list[str]
 
 
-@dataclass
+@dataclass(repr=False, eq=False)  # (each method made costs the import an exec: never compared or printed)
 class _Settings:
     """What the command line and the configuration decide for this run. Each file is linted with the
     configuration closest above it (or the one ``--config`` pins); ``config`` is the run's own (the
@@ -242,7 +257,7 @@ class _Settings:
         return LintOptions(rule_ids_for_file(config, rule_ids, shown), severity)
 
 
-@dataclass
+@dataclass(repr=False, eq=False)
 class _Linted:
     """The outcome of linting every file, before verification and fixes."""
 
@@ -367,6 +382,8 @@ def _settings(args: argparse.Namespace) -> _Settings:
         raise ConfigError(f"{args.config}: no such configuration file")
     cache = None
     if not args.no_cache and "-" not in args.paths:
+        from trainlint.cache import open_cache
+
         root = config_path.parent.resolve() if config_path is not None else Path.cwd()
         cache = open_cache(args.cache_dir, root)
         known = cache.recorded_rule_ids() if cache is not None else None
@@ -375,21 +392,11 @@ def _settings(args: argparse.Namespace) -> _Settings:
     configs = ConfigResolver(config_path if args.config else None)
     config = configs.for_folder(_first_folder(args))
     selectors = _Selectors(
-        _flag_selectors(args.select, "--select") if args.select is not None else None,
-        _flag_selectors(args.extend_select, "--extend-select"),
-        _flag_selectors(args.ignore, "--ignore"),
+        flag_selectors(args.select, "--select") if args.select is not None else None,
+        flag_selectors(args.extend_select, "--extend-select"),
+        flag_selectors(args.ignore, "--ignore"),
     )
     return _Settings(args, config, configs, selectors, cache)
-
-
-def _flag_selectors(value: str | None, flag: str) -> list[str]:
-    """A selector flag's rule ids; given but empty (``--select ""``, a shell variable that was not
-    set) is an error rather than a silent "every rule" or "no rule"."""
-    if value is None:
-        return []
-    if not _split(value):
-        raise ConfigError(f"{flag}: no rule id given (an empty value selects nothing)")
-    return check_selectors(_split(value), flag)
 
 
 def _first_folder(args: argparse.Namespace) -> Path:

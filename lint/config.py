@@ -105,6 +105,15 @@ def check_selectors(values: Iterable[str], where: str) -> list[str]:
     return out
 
 
+def flag_selectors(value: str | None, flag: str) -> list[str]:
+    """A command-line selector flag's rule ids (comma-separated); given but empty (``--select ""``, a
+    shell variable that was not set) is an error rather than a silent "every rule" or "no rule"."""
+    values = [v.strip() for v in value.split(",") if v.strip()] if value else []
+    if value is not None and not values:
+        raise ConfigError(f"{flag}: no rule id given (an empty value selects nothing)")
+    return check_selectors(values, flag)
+
+
 def select_rules(select: list[str] | None, extend_select: Iterable[str], ignore: Iterable[str]) -> list[str]:
     """Rule ids enabled by these selectors (no ``select`` means every rule)."""
     ids = rule_ids()

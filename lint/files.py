@@ -44,8 +44,11 @@ DEFAULT_EXCLUDES = (
 )
 
 
-# Python sources and Jupyter notebooks (their code cells: see notebook.py)
-LINTED_SUFFIXES = (".py", ".pyi", ".ipynb")
+# The suffix of Jupyter notebooks (their code cells: see notebook.py). Kept here, not there: the command
+# tells a notebook by its name without loading the notebook reader, which a run on Python files never needs.
+NOTEBOOK = ".ipynb"
+# Python sources and Jupyter notebooks
+LINTED_SUFFIXES = (".py", ".pyi", NOTEBOOK)
 
 # Larger files are reported (TL902) rather than parsed: libcst needs about 7 s and 700 MB of memory per
 # megabyte of source, so a multi-megabyte generated file would stall a run or exhaust a worker's memory.
@@ -593,17 +596,25 @@ MAX_NESTING = 1000  # expression/statement nesting trainlint analyses
 _UNSAFE_FOR_AST = 20_000  # Python 3.10's parser may overflow the C stack beyond this
 
 _STRING = r"""(?:[rRbBuUfF]{1,3})?(?:'''(?:[^'\\]|\\.|'(?!''))*(?:'''|\Z)|\"\"\"(?:[^"\\]|\\.|"(?!""))*(?:\"\"\"|\Z)|'(?:[^'\\\r\n]|\\.)*'?|"(?:[^"\\\r\n]|\\.)*"?)"""
-_SCAN = re.compile(
-    r"(?P<comment>\#[^\r\n]*)"
-    rf"|(?P<string>{_STRING})"
-    r"|(?P<open>[(\[{])"
-    r"|(?P<close>[)\]}])"
-    r"|(?P<sep>[,;]|(?<![=!<>:*/%@&|^+\-])=(?!=))"
-    r"|(?P<newline>\\\r?\n|\r\n|\n|\r)"
-    r"|(?P<elif>\belif\b)"
-    r"|(?P<op>\*\*|//|<<|>>|[-+*/%@&|^~.]|\b(?:and|or|not|lambda|if|await)\b)",
-    re.DOTALL,
-)
+
+
+@functools.cache
+def _scanner() -> re.Pattern[str]:
+    # compiled on first use (5 ms): on Python 3.11+ only a text CPython rejects is scanned, and an
+    # editor's run on a file no rule needs never is
+    return re.compile(
+        r"(?P<comment>\#[^\r\n]*)"
+        rf"|(?P<string>{_STRING})"
+        r"|(?P<open>[(\[{])"
+        r"|(?P<close>[)\]}])"
+        r"|(?P<sep>[,;]|(?<![=!<>:*/%@&|^+\-])=(?!=))"
+        r"|(?P<newline>\\\r?\n|\r\n|\n|\r)"
+        r"|(?P<elif>\belif\b)"
+        r"|(?P<op>\*\*|//|<<|>>|[-+*/%@&|^~.]|\b(?:and|or|not|lambda|if|await)\b)",
+        re.DOTALL,
+    )
+
+
 _HEADS = ("elif", "else")
 _GAP = re.compile(r"(?:\s|\\|#[^\r\n]*)*")
 
@@ -629,7 +640,7 @@ def scan_nesting(text: str) -> Nesting:
     elifs = 0
     best = best_line = 0
     after_string = -1  # end offset of the previous string literal, for implicit concatenation
-    for m in _SCAN.finditer(text):
+    for m in _scanner().finditer(text):
         kind = m.lastgroup
         if kind == "comment":
             continue

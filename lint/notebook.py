@@ -13,10 +13,11 @@ import json
 import re
 from dataclasses import dataclass
 
+from trainlint.files import NOTEBOOK
 from trainlint.results import FileResult, LintOptions
 from trainlint.rule import Finding, Fix, Related
 
-SUFFIX = ".ipynb"
+SUFFIX = NOTEBOOK
 # Outputs (plots, tables) make notebooks large; only the code is parsed, and it is held to the limit
 # of a source file (files.MAX_SOURCE_BYTES) once extracted.
 MAX_NOTEBOOK_BYTES = 64 * 1024 * 1024

@@ -6,12 +6,13 @@ the rules.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from enum import Enum
 
 from trainlint.rule import Finding
 
-__all__ = ["FileResult", "LintOptions", "Problem", "ProblemKind"]
+__all__ = ["FileResult", "LintOptions", "Problem", "ProblemKind", "frame_text"]
 
 
 class ProblemKind(Enum):
@@ -87,3 +88,14 @@ class LintOptions:
     rule_ids: tuple[str, ...]
     severity: tuple[tuple[str, str], ...] = ()
     prefilter: bool = True
+
+
+def frame_text(path: str, findings: list[Finding], text: str) -> str | None:
+    """The text code frames are drawn from, or None: none when there is nothing to draw, and none for
+    TL901/TL902 of a file reached through a link (the frame would print bytes the file does not own,
+    such as a key a committed link points at)."""
+    if not findings:
+        return None
+    if os.path.islink(path) and any(f.rule in ("TL901", "TL902") for f in findings):
+        return None
+    return text

@@ -11,9 +11,7 @@ import enum
 import functools
 import importlib
 import os
-import pkgutil
 import re
-import textwrap
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -343,6 +341,8 @@ _CHEAPEST_FIRST: dict[type, list[Group]] = {}
 def example_text(block: str) -> str:
     """An example as a rule writes it (a triple-quoted block, indented like the code around it) as the
     file it stands for: dedented, without the line break after the opening quotes."""
+    import textwrap  # (its patterns: examples are read for docs and tests, never by a lint)
+
     text = textwrap.dedent(block)
     return text[1:] if text.startswith("\n") else text
 
@@ -564,6 +564,8 @@ def _rule_modules() -> dict[str, str]:
         return _rule_files(pkg.__name__, pkg.__path__)
     except OSError:  # not plain folders (a zip): the import system's own listing
         pass
+    import pkgutil
+
     out = {}
     for family in pkgutil.iter_modules(pkg.__path__, prefix=f"{pkg.__name__}."):
         if not family.ispkg:
@@ -605,6 +607,8 @@ def _rules_in(module: Any) -> list[type[Rule]]:
 @functools.cache
 def registry() -> Registry:
     """Every rule class found in the modules of ``trainlint.rules``, keyed by id."""
+    import pkgutil
+
     import trainlint.rules as pkg
 
     found = Registry()
