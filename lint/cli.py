@@ -658,7 +658,7 @@ def _lint_todo(
 
     # Files to lint: load the engine here, once, before any worker is forked. libcst and the rules
     # load where a file needs them (a run whose files the prefilter rejects never loads them).
-    import trainlint.engine  # noqa: F401
+    from trainlint.engine import load_for_kept_verdicts
 
     if cache is not None:
         cache.record_rule_ids(rule_ids())
@@ -677,6 +677,8 @@ def _lint_todo(
     # forked workers never copy its pages just to update the collector's bookkeeping. The garbage is
     # collected first, but not for one file linted here (pre-commit's run): it would outlive the run
     # by a few milliseconds only, and the collection costs 4 ms.
+    if parallel:  # (what the cache's lookups found files need, once here rather than in each worker)
+        load_for_kept_verdicts()
     if parallel or len(todo) > 1:
         gc.collect()
     gc.freeze()

@@ -85,6 +85,16 @@ def __getattr__(name: str) -> Any:
     return value
 
 
+def load_for_kept_verdicts() -> None:
+    """libcst, the file model and the active rules of the verdicts the result cache's lookups kept
+    (the files it will lint), loaded once: before workers are forked, each would load them again."""
+    verdicts = list(_VERDICTS.values())
+    if any(v.active or v.crossfile for v in verdicts):
+        _file_model_class()
+        for rule_id in sorted({g.id for v in verdicts for g in v.active}):
+            _rule(rule_id)
+
+
 def _file_model_class() -> type[FileModel]:
     return globals().get("FileModel") or __getattr__("FileModel")
 
