@@ -11,15 +11,17 @@ from test_dependency_records import FLOAT, HALF, age, fresh_key, reference_key
 from trainlint.model import project as project_module
 
 
-def _package(root: Path) -> None:
+def _first_key(tmp_path: Path, text: str, monkeypatch) -> tuple[Path, list[str], str]:
+    """A package re-exporting `convert` (impl.py) and `keep` (other.py), a main.py importing from it as
+    ``text``: its path, the files summarised for its first key, and that key."""
+    root = tmp_path / "p"
     (root / "pkg").mkdir(parents=True)
     (root / ".git").mkdir()
     (root / "pkg" / "__init__.py").write_text("from .impl import convert\nfrom .other import keep\n")
     (root / "pkg" / "impl.py").write_text(HALF)
     (root / "pkg" / "other.py").write_text(FLOAT.replace("convert", "keep"))
-
-
-def _summarised(monkeypatch) -> list[str]:
+    (root / "main.py").write_text(text)
+    age(root)
     seen: list[str] = []
     summary = project_module.ProjectIndex.summary
 
@@ -28,36 +30,26 @@ def _summarised(monkeypatch) -> list[str]:
         return summary(self, path, mentioning)
 
     monkeypatch.setattr(project_module.ProjectIndex, "summary", noted)
-    return seen
+    return root / "main.py", seen, fresh_key(root / "main.py", text, tmp_path / "store")
 
 
 def test_a_name_imported_from_a_package_follows_its_own_reexport_only(tmp_path: Path, monkeypatch) -> None:
-    root, store = tmp_path / "p", tmp_path / "store"
-    _package(root)
     text = "from pkg import convert\n"
-    (root / "main.py").write_text(text)
-    age(root)
-    seen = _summarised(monkeypatch)
-    first = fresh_key(main := root / "main.py", text, store)
+    main, seen, first = _first_key(tmp_path, text, monkeypatch)
     assert "impl.py" in seen and "other.py" not in seen
-    (root / "pkg" / "other.py").write_text(HALF.replace("convert", "keep"))  # not reachable by `convert`
-    assert fresh_key(main, text, store) == first
-    (root / "pkg" / "impl.py").write_text(FLOAT)  # the imported name's own module
-    changed = fresh_key(main, text, store)
+    (main.parent / "pkg" / "other.py").write_text(HALF.replace("convert", "keep"))  # not reached by `convert`
+    assert fresh_key(main, text, tmp_path / "store") == first
+    (main.parent / "pkg" / "impl.py").write_text(FLOAT)  # the imported name's own module
+    changed = fresh_key(main, text, tmp_path / "store")
     assert changed != first and changed == reference_key(main, text, tmp_path)
 
 
 def test_a_package_imported_whole_follows_every_reexport(tmp_path: Path, monkeypatch) -> None:
-    root, store = tmp_path / "p", tmp_path / "store"
-    _package(root)
     text = "import pkg\n"
-    (root / "main.py").write_text(text)
-    age(root)
-    seen = _summarised(monkeypatch)
-    first = fresh_key(main := root / "main.py", text, store)
+    main, seen, first = _first_key(tmp_path, text, monkeypatch)
     assert {"impl.py", "other.py"} <= set(seen)
-    (root / "pkg" / "other.py").write_text(HALF.replace("convert", "keep"))
-    changed = fresh_key(main, text, store)
+    (main.parent / "pkg" / "other.py").write_text(HALF.replace("convert", "keep"))
+    changed = fresh_key(main, text, tmp_path / "store")
     assert changed != first and changed == reference_key(main, text, tmp_path)
 
 
