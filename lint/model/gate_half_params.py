@@ -236,14 +236,17 @@ def _statement(facts: _Facts, node: ast.stmt, chain: Chain) -> None:
 
 
 # The tree asked last and its facts: TL105's checks ask the same tree up to three times (its own
-# findings, the cross-file ones, the callees a cross-file finding may rest on).
-_LAST: list[Any] = [None, None]
+# findings, the cross-file ones, the callees a cross-file finding may rest on). One tuple, replaced
+# whole: a thread (the language server verifies in one) never reads another tree's facts.
+_LAST: tuple[Any, Any] = (None, None)
 
 
 def _facts_of(tree: ast.Module) -> _Facts:
-    if _LAST[0] is not tree:
-        _LAST[:] = [tree, _collect(tree)]
-    return _LAST[1]
+    global _LAST
+    last = _LAST
+    if last[0] is not tree:
+        last = _LAST = (tree, _collect(tree))
+    return last[1]
 
 
 def _collect(tree: ast.Module) -> _Facts:

@@ -147,3 +147,15 @@ def test_the_result_caches_verdict_carries_the_callees(tmp_path, monkeypatch) ->
     monkeypatch.setattr(engine, "_cpython_parse", lambda text: pytest.fail("parsed again"))
     checked = lint_text(text, str(path), OPTIONS)
     assert checked.findings == [] and not checked.parsed
+
+
+def test_the_checks_share_one_walk_per_tree_and_never_another_trees() -> None:
+    from trainlint.model import gate_half_params
+
+    first, second = ast.parse(textwrap.dedent(BUILT_NOT_TRAINED)), ast.parse("import torch\n")
+    facts = gate_half_params._facts_of(first)
+    assert gate_half_params._facts_of(first) is facts  # (asked again: the same walk)
+    assert gate_half_params._facts_of(second) is not facts
+    assert gate_half_params._facts_of(first) is not facts and trained_callees(first) == trained_callees(
+        ast.parse(textwrap.dedent(BUILT_NOT_TRAINED))
+    )
