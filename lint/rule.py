@@ -422,15 +422,15 @@ class Rule:
     # The same for the findings that rest on other files' facts (``project_gate``'s): a check of this
     # file's tree that each of them needs, asked before the project index is (its summaries and keys).
     project_gate_check: ClassVar[str] = ""
+    # The same for the findings that rest on other files' facts: conditions on this file's code that
+    # each of them needs too (the engine asks the project index about the rule only when they hold).
+    project_gate: ClassVar[tuple[tuple[str, ...], ...]] = ()
     # Which imported definitions a cross-file finding can rest on: ``"module.function"`` of
     # ``trainlint.model``, a function of this file's tree returning the qualified names of the callees
     # (through the file's imports and aliases) at whose calls the rule may report. The engine then asks
     # ``wants_fact`` only of the definitions reached through those names (a file that imports a class
     # with the wanted facts but never uses it so is not parsed for the rule).
     project_callees: ClassVar[str] = ""
-    # The same for the findings that rest on other files' facts: conditions on this file's code that
-    # each of them needs too (the engine asks the project index about the rule only when they hold).
-    project_gate: ClassVar[tuple[tuple[str, ...], ...]] = ()
     # Text in whose presence the rule reports nothing at all (its ``check`` returns first when the file
     # says it: TL505 and ``set_epoch``): the prefilter rejects the file for the rule.
     excludes: ClassVar[tuple[str, ...]] = ()

@@ -542,12 +542,20 @@ def _converted_here(facts: _Facts) -> list[tuple[str, Chain]]:
 
 def _may_train(facts: _Facts, converted: list[tuple[str, Chain]]) -> bool:
     """(2) to (4) for the names ``converted`` (with the scopes of their conversion)."""
-    if not converted or not any(_may_build_optimizer(facts, call) for call, _, _ in facts.calls):
+    if not converted or not _optimizer_without_master_weights(facts):
         return False
-    if _keeps_master_weights(facts):
+    return any(_trained(facts, key, chain) for key, chain in dict.fromkeys(converted))
+
+
+def _optimizer_without_master_weights(facts: _Facts) -> bool:
+    """(3) and (4): a call that may build an optimizer and no sure master-weight machinery; with the
+    ``.parameters()`` calls its params may reach made (``_feed_parameters``) where both hold."""
+    if not any(_may_build_optimizer(facts, call) for call, _, _ in facts.calls) or _keeps_master_weights(
+        facts
+    ):
         return False
     _feed_parameters(facts)
-    return any(_trained(facts, key, chain) for key, chain in dict.fromkeys(converted))
+    return True
 
 
 def _trained(facts: _Facts, key: str, chain: Chain) -> bool:
@@ -619,11 +627,8 @@ def trained_callees(tree: ast.Module) -> frozenset[str]:
     cross-file finding (``_converted_elsewhere`` reports at such a call, with the callee's facts).
     Empty where ``may_train_parameters_converted_elsewhere`` holds for no imported call."""
     facts = _facts_of(tree)
-    if not facts.receivers or not any(_may_build_optimizer(facts, call) for call, _, _ in facts.calls):
+    if not facts.receivers or not _optimizer_without_master_weights(facts):
         return frozenset()
-    if _keeps_master_weights(facts):
-        return frozenset()
-    _feed_parameters(facts)
     out: set[str] = set()
     for names, key, chain in _converted_by_calls(facts):
         if not names <= out and _trained(facts, key, chain):

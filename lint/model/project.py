@@ -9,8 +9,8 @@ naming a few files (pre-commit) still sees the whole project; the full walk (``a
 for questions about callers.
 
 ``Project`` is the view of one linted file: rules ask it (through the model) what a name defined in
-another file does. ``dependency_key`` (in ``dependency_keys``, importable from here) is the part of the result cache's key that changes when the
-facts of the files a finding can rest on change: the modules the file imports (and the modules a
+another file does. ``dependency_key`` (in ``dependency_keys``, importable from here) is the part of
+the result cache's key that changes when the facts of the files a finding can rest on change: the modules the file imports (and the modules a
 package's ``__init__`` re-exports), and the callers of a function that receives a GradScaler. Both are
 recorded in the store with the stamps of the folders and files they came from, so a warm run checks
 them with stat calls instead of resolving every import again; the file's own text is read for its
