@@ -323,7 +323,7 @@ class ResultCache:
         # unless no rule can run on the text at all (its outcome cannot rest on any other file then).
         # A file keyed with its dependencies before (its record holds) is keyed so again, unasked.
         self._quiet.pop(job, None)
-        facts = recorded_dependency_key(job[0], text, self.root / "summaries", self._batch)
+        facts = recorded_dependency_key(job[0], text, self.root / "summaries", self._batch, narrowed=gate)
         if facts is None and "gradient_checkpointing" not in text and not may_run_rules(text, job[2]):
             key = self._no_rules_key(job, text)
         elif facts is None and gate and self._proven_quiet(job, text):
@@ -332,13 +332,16 @@ class ResultCache:
             key = self._no_rules_key(job, text)
             self._quiet[job] = key
         else:
+            narrowed = self._narrowed_quiet(job, text) if facts is None and gate else None
             if facts is None:
-                facts = dependency_key(job[0], text, self.root / "summaries", self._batch)
+                facts = narrowed if narrowed is not None else dependency_key(job[0], text, *self._summaries())
             if "gradient_checkpointing" in text:  # TL205 reads the project's version pins: their stamps count
                 facts += pins_stamp(job[0])
             key = entry_key(
                 self.fingerprint, job[1], job[2], f"{text}\0{facts}" if facts else text, self.secret
             )
+            if narrowed is not None:  # no finding, answered by ``get`` without a lint
+                self._quiet[job] = key
         self._keys[job] = (digest, key)
         return key
 
@@ -352,6 +355,22 @@ class ResultCache:
 
         with collector_paused():  # (as the lint that follows: a parse's objects hold no cycle)
             return outcome_needs_no_project(text, job[2])
+
+    def _narrowed_quiet(self, job: Job, text: str) -> str | None:
+        """The dependency digest of a text the gate kept only for cross-file candidates with callees
+        (``engine.project_targets``), when the imports reached through those callees give no rule to
+        run: the outcome is no finding, resting on those imports' facts alone (not on every import's:
+        most of a cold run's project index). None otherwise."""
+        from trainlint.engine import no_rule_chosen, project_targets  # (loaded by ``_proven_quiet``)
+
+        targets = project_targets(text, job[2])
+        if targets is None:
+            return None
+        facts = dependency_key(job[0], text, *self._summaries(), only=targets)
+        return facts if no_rule_chosen(text, job[0], job[2]) else None
+
+    def _summaries(self) -> tuple[Path, object]:
+        return self.root / "summaries", self._batch
 
     def _no_rules_key(self, job: Job, text: str) -> str:
         """The key of a text no rule can run on. Only such a text is stored under it, and whether a rule

@@ -35,7 +35,6 @@ from trainlint.gates import (
     names_as_written,
     pass_tree_checks,
     raw_answers,
-    reached_through,
     selected_gates,
 )
 from trainlint.model.stamps import parsed_before, text_digest
@@ -475,6 +474,46 @@ def outcome_needs_no_project(text: str, options: LintOptions) -> bool:
     return False
 
 
+def project_targets(text: str, options: LintOptions) -> list[str] | None:
+    """Of the imports of a text the gate kept (``outcome_needs_no_project``), those its outcome can
+    rest on when every rule left is a cross-file candidate with callees (``Rule.project_callees``):
+    the imports reached through one of them. None where any import may count: an active rule (its
+    check may look any imported name up), a candidate without callees or reported at its callers."""
+    verdict = _VERDICTS.get((text_digest(text), options))
+    if verdict is None or verdict.active or verdict.outline is None:
+        return None
+    names = _reaching(verdict.crossfile, verdict.callees)
+    if names is None:
+        return None
+    from trainlint.model.pyast import reached_through  # (a file with candidates only)
+
+    return sorted({t for t in verdict.outline["imports"].values() if reached_through(t, names)})
+
+
+def no_rule_chosen(text: str, path: str, options: LintOptions) -> bool:
+    """Whether, of the gate's verdict on the text (``outcome_needs_no_project``), the project index
+    chooses no rule to run (``_rules_to_run``): its outcome is then no finding, and it is not linted."""
+    verdict = _VERDICTS.get((text_digest(text), options))
+    if verdict is None or verdict.active:
+        return False
+    chosen = _rules_to_run(text, path, [], verdict.crossfile, verdict.callees, verdict.outline)
+    if not chosen:
+        _VERDICTS.pop((text_digest(text), options), None)
+    return not chosen
+
+
+def _reaching(crossfile: list[Gate], callees: Callees) -> frozenset[str] | None:
+    """The callees of every candidate together, where each has some (``Rule.project_callees``) and
+    none is reported at its callers (``Rule.project_callers``); else None (any import may count)."""
+    names: set[str] = set()
+    for gate in crossfile:
+        own = callees.get(gate.id)
+        if gate.project_callers or own is None:
+            return None
+        names |= own
+    return frozenset(names)
+
+
 # Larger files are parsed by libcst in a child process allowed ``PARSE_MEMORY`` of address space beyond
 # what it starts with: their parse can take gigabytes (torch's 1.4 MB common_methods_invocations.py
 # peaks at about 780 MiB), and a failed allocation in libcst's native parser aborts the process. A file
@@ -586,7 +625,7 @@ def _rules_to_run(
         # findings that rest on another file's facts need less of this file's text; most need an
         # import of a definition with the right facts too (read with ``ast``: cheaper than libcst)
         imported = (
-            project.imported_facts_by_target(text, tree, own)
+            project.imported_facts_by_target(text, tree, own, _reaching(crossfile, callees or {}))
             if any(not g.project_callers for g in crossfile)
             else []
         )
@@ -602,6 +641,8 @@ def _wants_any(rule: type[Rule], imported: list[tuple[str, Fact]], callees: froz
     """Whether an imported definition could take part in one of the rule's cross-file findings
     (``Rule.wants_fact``), reached through one of ``callees`` (``Rule.project_callees``, asked by the
     gate; None: through any import)."""
+    from trainlint.model.pyast import reached_through  # (a file with candidates only)
+
     return any(
         rule.wants_fact(f.kind, f.facts) and (callees is None or reached_through(target, callees))
         for target, f in imported

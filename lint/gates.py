@@ -389,15 +389,6 @@ def callees_asked(name: str, tree: ast.Module) -> frozenset[str] | None:
         return None
 
 
-def reached_through(target: str, callees: frozenset[str]) -> bool:
-    """Whether an imported definition reached through the import ``target`` (``pkg.mod.f``, or a
-    module ``pkg.mod`` imported whole) may be what one of ``callees`` (qualified names) calls: the
-    target itself, or a name under it (``pkg.mod.f``, ``pkg.Net.from_pretrained``). Leading dots
-    are ignored: the index and the checks spell ``from . import x`` differently."""
-    bare = target.lstrip(".")
-    return any(c.lstrip(".") == bare or c.lstrip(".").startswith(bare + ".") for c in callees)
-
-
 # -- names as code -------------------------------------------------------------------------------------
 # The fields of ``ast`` nodes that hold a name as a plain string (``Name``, ``Constant`` are handled
 # first: most nodes are one of those two).

@@ -14,27 +14,47 @@ from trainlint.model.project import Project, ProjectIndex
 from trainlint.model.stamps import answer_digest, collector_paused, file_stamp, recorded_answer
 
 
-def dependency_key(path: str, text: str, store: Path | None = None, batch: object | None = None) -> str:
+def dependency_key(
+    path: str,
+    text: str,
+    store: Path | None = None,
+    batch: object | None = None,
+    only: list[str] | None = None,
+) -> str:
     """The digest of the other files' facts that linting ``path`` (with this text) can use: the
     summaries of the project modules it imports, and the calls of its functions made elsewhere when it
     has a function that receives a GradScaler (TL101 asks who passed it). Empty outside a project or
     when the file imports nothing of it. ``batch``: a token shared by the keys of one run, whose
     lookups are answered once for all its files (records keep the stamps taken before: a folder
-    changed meanwhile fails their check in the next run)."""
-    return _key(path, text, store, batch, recorded_only=False) or ""
+    changed meanwhile fails their check in the next run). ``only``: the imports (targets, as the
+    file's outline spells them) the outcome can rest on, where the engine's gate narrowed them
+    (``engine.project_targets``); the GradScaler callers do not count then."""
+    return _key(path, text, store, batch, recorded_only=False, only=only) or ""
 
 
-def recorded_dependency_key(path: str, text: str, store: Path, batch: object | None = None) -> str | None:
-    """``dependency_key`` when the file's record for this very text holds (a warm run); else None."""
-    return _key(path, text, store, batch, recorded_only=True)
+def recorded_dependency_key(
+    path: str, text: str, store: Path, batch: object | None = None, narrowed: bool = False
+) -> str | None:
+    """``dependency_key`` when the file's record for this very text holds (a warm run); else None.
+    ``narrowed``: a record of a key made with ``only`` counts too (the result cache's lookup, whose
+    entry under such a key is a no-finding outcome the gate and those imports decided)."""
+    return _key(path, text, store, batch, recorded_only=True, narrowed=narrowed)
 
 
-def _key(path: str, text: str, store: Path | None, batch: object | None, recorded_only: bool) -> str | None:
+def _key(
+    path: str,
+    text: str,
+    store: Path | None,
+    batch: object | None,
+    recorded_only: bool,
+    only: list[str] | None = None,
+    narrowed: bool = False,
+) -> str | None:
     project = Project.for_file(path, None, store, batch)
     if project is None:
         return ""
     with collector_paused():
-        found = _dependencies(project, text, batch, recorded_only)
+        found = _dependencies(project, text, batch, recorded_only, only, narrowed)
         if found is None:
             return None
         parts, scaler = found
@@ -45,18 +65,28 @@ def _key(path: str, text: str, store: Path | None, batch: object | None, recorde
 
 
 def _dependencies(
-    project: Project, text: str, batch: object | None = None, recorded_only: bool = False
+    project: Project,
+    text: str,
+    batch: object | None = None,
+    recorded_only: bool = False,
+    only: list[str] | None = None,
+    narrowed: bool = False,
 ) -> tuple[list[str], list[str]] | None:
     """The project modules the file imports, through package ``__init__`` re-exports, as ``file=facts
     digest``; and its functions that receive a GradScaler. From the file's record while it holds: for
     the same text, or for a text with the same imports (an edit elsewhere in the file, pre-commit's
-    case: the files they lead to are the record's, checked by their stamps)."""
+    case: the files they lead to are the record's, checked by their stamps). ``only``, ``narrowed``:
+    see ``dependency_key``; a narrowed record (field ``narrowed``) answers only those asking for it."""
     index, slot = project.index, str(project.path)
     record = index.recorded(slot, batch)
     digest = index._digest(text)
-    answer = recorded_answer(record, "text", digest)
+    answer = recorded_answer(record, "text", digest) if only is None else None
+    if answer is None and (narrowed or only is not None):
+        answer = recorded_answer(record, "narrowed", digest)
     if answer is not None or recorded_only:
         return answer
+    if only is not None:
+        return _gathered(project, batch, only, [], narrowed=digest)
     # the import statements read in place, not the whole file parsed (a cold run keys every file
     # before it lints one); parsed when a function may receive a GradScaler (its params count)
     targets = None if may_receive_scaler(text) else import_targets(text)
@@ -72,11 +102,20 @@ def _dependencies(
     if answer is not None and record is not None:
         index.update_record(slot, text=digest, scaler=scaler)
         return answer[0], scaler
+    return _gathered(project, batch, imports if own is not None else None, scaler, text=digest, imports=shape)
+
+
+def _gathered(
+    project: Project, batch: object | None, leading: list[str] | None, scaler: list[str], **answer: str
+) -> tuple[list[str], list[str]]:
+    """The project files the imports ``leading`` there lead to, as ``file=facts digest``, through package ``__init__``
+    re-exports; kept as the file's record with ``answer`` (the fields a later run asks it by)."""
+    index, slot = project.index, str(project.path)
     found: dict[str, tuple[int, int]] = {}
     digests, keep = [], True
     with _consulting(index, batch) as folders:
         seen, followed = {str(project.path)}, set()
-        queue = [(project.path, imports)] if own is not None else []
+        queue = [(project.path, leading)] if leading is not None else []
         while queue:
             importer, targets = queue.pop(0)
             for target, file in zip(targets, index.imported_files(importer, targets), strict=True):
@@ -94,9 +133,7 @@ def _dependencies(
                     if further:  # a package re-exports: the facts are one import further
                         queue.append((file, further))
     if keep:
-        index.keep_record(
-            slot, folders, found, text=digest, imports=shape, digests=" ".join(digests), scaler=scaler
-        )
+        index.keep_record(slot, folders, found, digests=" ".join(digests), scaler=scaler, **answer)
     return [f"{f}={d}" for f, d in zip(found, digests, strict=True)], scaler
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from trainlint.model.index_memory import Shelf
+from trainlint.model.pyast import reached_through
 from trainlint.model.stamps import (
     RunStamps,
     answer_digest,
@@ -564,15 +565,22 @@ class Project:
         return [fact for _, fact in self.imported_facts_by_target(text, tree, own)]
 
     def imported_facts_by_target(
-        self, text: str, tree: ast.Module | None = None, own: Summary | None = None
+        self,
+        text: str,
+        tree: ast.Module | None = None,
+        own: Summary | None = None,
+        reaching: frozenset[str] | None = None,
     ) -> list[tuple[str, Fact]]:
         """``imported_facts``, each with the import target it was reached through (``pkg.mod.f``, or
-        the module ``pkg.mod`` for a module imported whole)."""
+        the module ``pkg.mod`` for a module imported whole). ``reaching``: only of the imports
+        through which one of these callees is reached (``gates.reached_through``; None: all)."""
         if not self.imports_from_project(text):
             return []
         own = own or self.index.outline_of(text, tree)
         out: list[tuple[str, Fact]] = []
         for target in own["imports"].values() if own else ():
+            if reaching is not None and not reached_through(target, reaching):
+                continue  # (not summarised: none of its definitions could count)
             fact = self.lookup(target)
             if fact is not None:
                 out.append((target, fact))

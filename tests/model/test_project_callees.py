@@ -13,8 +13,8 @@ from test_gate_half_params import NETS, PROJECTS, _fp16_init
 
 from trainlint import engine
 from trainlint.engine import lint_text
-from trainlint.gates import reached_through
 from trainlint.model.gate_half_params import trained_callees
+from trainlint.model.pyast import reached_through
 from trainlint.model.stamps import text_digest
 from trainlint.results import LintOptions
 from trainlint.rule import registry
