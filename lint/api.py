@@ -14,6 +14,7 @@ from trainlint.rule import (
     Severity,
     TextEditSpec,
     call_pattern,
+    called_word,
     imported,
     method_call_pattern,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "Severity",
     "TextEditSpec",
     "call_pattern",
+    "called_word",
     "delete_statement",
     "imported",
     "method_call_pattern",

@@ -280,6 +280,33 @@ class Call:
 
 
 @dataclass(frozen=True)
+class CalledWord:
+    """A prefilter group: a call whose callee's last name contains ``part`` and does not start with one
+    of ``unless``: what ``(?<!\\w)(?!save_|load_)\\w*checkpoint\\w*\\s*\\(`` finds, found from
+    ``part`` outwards. That expression, which starts with no fixed text, is tried at every position of
+    a file: 60x slower on real code (and every file is asked)."""
+
+    part: str
+    unless: tuple[str, ...] = ()
+
+    def found(self, text: str) -> bool:
+        for match in _called_part(self.part).finditer(text):
+            start = match.start()
+            while start and (text[start - 1].isalnum() or text[start - 1] == "_"):  # (exactly ``\w``)
+                start -= 1
+            if not text.startswith(self.unless, start):
+                return True
+        return False
+
+
+@functools.lru_cache(maxsize=32)
+def _called_part(part: str) -> re.Pattern[str]:
+    """``part``, the rest of its word and a call's ``(``: a pattern starting with fixed text, which the
+    regular expression engine looks for as fast as ``str.find``."""
+    return re.compile(re.escape(part) + r"\w*\s*\(")
+
+
+@dataclass(frozen=True)
 class Imports:
     """A prefilter group: an import of one of ``modules`` (``import time``, ``import os, time``, ``from
     time import perf_counter``). The raw text needs the name after a blank or a comma; the gate, which
@@ -297,15 +324,21 @@ class Imports:
         return False
 
 
-Group = tuple[str, ...] | re.Pattern[str] | Call | Imports
+Group = tuple[str, ...] | re.Pattern[str] | Call | CalledWord | Imports
 
 
 def group_matches(group: Group, text: str) -> bool:
     if isinstance(group, tuple):
         return any(token in text for token in group)
-    if isinstance(group, Call | Imports):
+    if isinstance(group, Call | CalledWord | Imports):
         return group.found(text)
     return group.search(text) is not None
+
+
+def called_word(part: str, unless: tuple[str, ...] = ()) -> CalledWord:
+    """A prefilter group: a call whose callee's last name contains ``part`` (and does not start with
+    one of ``unless``)."""
+    return CalledWord(part, unless)
 
 
 def imported(*modules: str) -> Imports:

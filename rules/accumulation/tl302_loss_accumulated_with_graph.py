@@ -54,7 +54,7 @@ class LossAccumulatedWithGraph(Rule):
     project_requires = (
         ("+", "append"),
         ("for", "while"),
-        re.compile(r"loss\w*\s*=\s*[\w.]+\(|(\+=|\bappend\()\s*[\w.]+\("),
+        re.compile(r"loss\w*\s*=\s*[\w.]+\(|\+=\s*[\w.]+\(|append\((?<!\wappend\()\s*[\w.]+\("),
     )
     project_gate = gate[1:]
     gate_check = "gate_loss_totals.total_may_hold_loss_graph"  # a loss added in its backward's loop

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,6 +13,7 @@ from trainlint.api import (
     Rule,
     RuleDoc,
     Severity,
+    called_word,
 )
 from trainlint.model import (
     FileModel,
@@ -61,7 +61,7 @@ class CheckpointRngNotPreserved(Rule):
     # A wrapper of another file holds the `False` (a parameter default) and the checkpoint call, maybe
     # the dropout too; what is left here is a call of the wrapper, whose name says "checkpoint" (not
     # one that saves or loads a checkpoint).
-    project_requires = (re.compile(r"(?<!\w)(?!save_|load_|resume_)\w*checkpoint\w*\s*\("),)
+    project_requires = (called_word("checkpoint", unless=("save_", "load_", "resume_")),)
     # The same in the code, not in comments and docstrings: that wrapper's call (its callee's last
     # name), or the `preserve_rng_state=` keyword that torch's `checkpoint_wrapper(...)` is given here.
     project_gate = (("call~^(?!save_|load_|resume_)\\w*checkpoint", "name:preserve_rng_state"),)
