@@ -547,7 +547,7 @@ RULES = (
         (("\n\x05+=\n", "\n\x05append\n"),),
         "gate_loss_totals.total_may_hold_loss_graph",
         "gate_loss_totals.returned_loss_may_be_kept",
-        "",
+        "gate_loss_totals.kept_loss_callees",
     ),
     (
         "TL303",

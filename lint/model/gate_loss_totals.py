@@ -12,12 +12,16 @@ errs towards keeping the file.
 ``returned_loss_may_be_kept`` asks the same of the findings that rest on another file's function (one
 that runs the backward of the loss it returns): the added call, or the call the added key was assigned
 from, must be one ``FileModel`` may resolve to another file (``crossfile.project_method``).
+``kept_loss_callees`` names what those calls may resolve to (``Rule.project_callees``): only a
+definition imported through one of those names can take part in such a finding.
 """
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from trainlint.model.pyast import ast_dotted as dotted
 from trainlint.model.vocab import BACKWARD_NAMES, is_step_count_name
@@ -104,9 +108,23 @@ def total_may_hold_loss_graph(tree: ast.Module) -> bool:
     adds ``self.method(...)`` itself (its returned-loss finding). TL302 reports only such additions,
     and follows helpers the same way; its other conditions (``no_grad``, resets, totals used later)
     are only narrowing, so leaving them out keeps more files, never fewer."""
-    walk = _Walk(tree)
-    walk.run()
-    return walk.may_fire()
+    return _walk_of(tree).may_fire()
+
+
+# The tree walked last and its walk: the engine asks TL302's three checks of one tree (its own findings,
+# the cross-file ones, their callees). One tuple, replaced whole: a thread (the language server verifies
+# in one) never reads another tree's walk.
+_LAST: tuple[Any, Any] = (None, None)
+
+
+def _walk_of(tree: ast.Module) -> _Walk:
+    global _LAST
+    last = _LAST
+    if last[0] is not tree:
+        walk = _Walk(tree)
+        walk.run()
+        last = _LAST = (tree, walk)
+    return last[1]
 
 
 class _Walk:
@@ -121,10 +139,11 @@ class _Walk:
         self.for_iters: dict[int, ast.AST] = {}  # what each ``for`` loop walks, by the loop's id
         self.answers: dict[tuple[str, str], bool] = {}  # helpers and methods read so far
         self.bound: set[str] | None = None  # detaching builtins the file rebinds, read when needed
-        # what ``FileModel.qualname`` and ``values_of`` follow, for the whole file (every scope): the
-        # names imported, each name assigned a chain with the chains' first names, each name or
-        # ``self.x`` assigned a call with its callees' first names, the first names of classes' bases
-        self.imported: set[str] = set()
+        # what ``FileModel.qualname`` and ``values_of`` follow, for the whole file (every scope): each
+        # name imported with its import targets (as ``FileModel`` binds them), each name assigned a
+        # chain with the chains, each name or ``self.x`` assigned a call with its callees' chains, the
+        # chains of classes' bases
+        self.imports: dict[str, list[str]] = {}
         self.aliases: dict[str, list[str]] = {}
         self.instances: dict[str, list[str]] = {}
         self.bases: set[str] = set()
@@ -149,7 +168,7 @@ class _Walk:
             elif kind is ast.ClassDef:
                 self.scopes.append(_Scope(is_class=True))
                 scope = len(self.scopes) - 1
-                self.bases.update(_head(b) for b in node.bases)  # type: ignore[attr-defined]
+                self.bases.update(filter(None, map(dotted, node.bases)))  # type: ignore[attr-defined]
             elif kind is ast.AugAssign:
                 if type(node.op) is ast.Add:  # type: ignore[attr-defined]
                     self._add(self.scopes[scope], frames, node.target, node.value)  # type: ignore[attr-defined]
@@ -158,9 +177,7 @@ class _Walk:
             elif kind is ast.AnnAssign or kind is ast.NamedExpr:
                 self._bind(node.target, node.value)  # type: ignore[attr-defined]
             elif kind is ast.Import or kind is ast.ImportFrom:
-                for alias in node.names:  # type: ignore[attr-defined]
-                    if alias.name != "*":
-                        self.imported.add(alias.asname or alias.name.partition(".")[0])
+                self._import(node)
             if not frames:  # outside loops: only the statements that hold statements
                 for name in _BODIES.get(kind, ()):
                     for statement in getattr(node, name):
@@ -246,6 +263,19 @@ class _Walk:
                 added = added.value
             _Walk._add(scope, frames, func.value, added)  # type: ignore[attr-defined]
 
+    def _import(self, node: ast.Import | ast.ImportFrom) -> None:
+        """The bindings ``FileModel``'s ``visit_Import``/``visit_ImportFrom`` make, with their targets."""
+        base = "." * node.level + (node.module or "") if isinstance(node, ast.ImportFrom) else None
+        for alias in node.names:
+            if base is None:
+                name = alias.asname or alias.name.partition(".")[0]
+                target = alias.name if alias.asname else name
+            elif alias.name != "*":
+                name, target = alias.asname or alias.name, f"{base}.{alias.name}" if base else alias.name
+            else:
+                continue
+            self.imports.setdefault(name, []).append(target)
+
     @staticmethod
     def _add(scope: _Scope, frames: Frames, target: ast.AST, added: ast.AST) -> None:
         key = _target_key(target)
@@ -257,11 +287,15 @@ class _Walk:
         (``constructed_class`` reads the call)."""
         kind = type(value)
         if type(target) is ast.Name and (kind is ast.Name or kind is ast.Attribute):
-            self.aliases.setdefault(target.id, []).append(_head(value))  # type: ignore[attr-defined]
+            chain = dotted(value)
+            if chain is not None:
+                self.aliases.setdefault(target.id, []).append(chain)
         elif kind is ast.Call:
             key = dotted(target)
             if key is not None and (key.count(".") == 0 or (key.startswith("self.") and key.count(".") == 1)):
-                self.instances.setdefault(key, []).append(_head(value.func))  # type: ignore[union-attr]
+                callee = dotted(value.func)  # type: ignore[union-attr]
+                if callee is not None:
+                    self.instances.setdefault(key, []).append(callee)
 
     def _assign(self, node: ast.Assign, scope: _Scope, frames: Frames) -> None:
         for target in node.targets:
@@ -307,10 +341,11 @@ class _Walk:
                     return True
         return False
 
-    def may_fire_in_project(self) -> bool:
-        """``may_fire`` for the findings ``backward_returned`` makes: an addition (in a loop, not the
-        window's, its total not backpropagated) that adds, not detached, a call that may name another
-        file's function, or a key assigned such a call in a loop it shares (or a value unpacked from it)."""
+    def kept_project_calls(self) -> Iterator[ast.Call]:
+        """The calls of the findings ``backward_returned`` makes (``may_fire`` for them), each as soon
+        as found: for an addition (in a loop, not the window's, its total not backpropagated), each call
+        it adds, not detached, that may name another file's function, and each call whose key it adds,
+        assigned in a loop it shares (or a value unpacked from that key)."""
         for scope in self.scopes:
             if not scope.additions:
                 continue
@@ -320,25 +355,63 @@ class _Walk:
             for addition in scope.additions:
                 if self._window(addition.frames) or self._backpropagated(scope, addition.target):
                     continue
-                if self._adds_project_call(addition.added):
-                    return True
-                # (the call's callee read last: its names may send ``_imported`` to read the whole tree)
-                if any(self._adds_loss(addition, f, k) and self._project_call(c) for f, k, c in returned):
-                    return True
-        return False
+                yield from self._added_project_calls(addition.added)
+                for f, keys, call in returned:
+                    # (the call's callee read last: its names may send ``_imported`` to read the whole tree)
+                    if self._adds_loss(addition, f, keys) and self._project_call(call):
+                        yield call
 
-    def _adds_project_call(self, added: ast.AST) -> bool:
-        """A call in ``added`` outside a detaching call that may name another file's function (TL302's
-        ``_attached_calls`` handed to ``backward_returned``)."""
+    def _added_project_calls(self, added: ast.AST) -> Iterator[ast.Call]:
+        """The calls in ``added`` outside a detaching call that may name another file's function
+        (TL302's ``_attached_calls`` handed to ``backward_returned``)."""
         stack = [added]
         while stack:
             node = stack.pop()
             if self._detaching(node):
                 continue
             if type(node) is ast.Call and self._project_call(node):  # type: ignore[arg-type]
-                return True
+                yield node  # type: ignore[misc]
             stack.extend(ast.iter_child_nodes(node))
-        return False
+
+    def callee_names(self, call: ast.Call) -> set[str]:
+        """The qualified names, rooted at an import, under which ``project_method`` may look up the
+        facts of what ``call`` calls: the callee itself (``imported_fact``), ``Base.method`` for
+        ``self.method`` and each class base (``own_method``'s inherited facts), and the constructor
+        of the instance whose method it is: ``Class`` of ``Class(...).m``, or of ``x.m`` and
+        ``self.x.m`` with ``x``/``self.x`` assigned ``Class(...)`` or ``Class.make(...)`` anywhere
+        (``constructed_class``; the method's class is that callee or the name it is under)."""
+        func = call.func
+        out = self._qualnames(dotted(func))
+        if not isinstance(func, ast.Attribute):
+            return out
+        owner = func.value
+        if isinstance(owner, ast.Name) and owner.id == "self":
+            out |= {f"{name}.{func.attr}" for base in self.bases for name in self._qualnames(base)}
+        if isinstance(owner, ast.Call):
+            out |= self._qualnames(dotted(owner.func))
+        else:
+            key = dotted(owner)
+            for made in self.instances.get(key, ()) if key is not None else ():
+                out |= self._qualnames(made)
+        return out
+
+    def _qualnames(self, chain: str | None) -> set[str]:
+        """Every name ``FileModel.qualname`` may resolve ``chain`` to through an import: for any import
+        or alias of its first name anywhere in the file (aliases followed, none twice on one way)."""
+        if chain is None:
+            return set()
+        head, _, rest = chain.partition(".")
+        return {f"{target}.{rest}" if rest else target for target in self._targets(head, (head,))}
+
+    def _targets(self, name: str, way: tuple[str, ...]) -> set[str]:
+        """The import targets ``name`` may stand for, along the aliases ``way`` has not passed (up to
+        ``qualname``'s depth)."""
+        out = set(self.imports.get(name, ()))
+        for alias in set(self.aliases.get(name, ())) if len(way) <= 9 else ():
+            inner, _, rest = alias.partition(".")
+            if inner not in way:
+                out |= {f"{t}.{rest}" if rest else t for t in self._targets(inner, (*way, inner))}
+        return out
 
     def _project_call(self, call: ast.Call) -> bool:
         """Whether ``project_method`` may find the callee's facts: a chain whose first name is imported
@@ -352,7 +425,7 @@ class _Walk:
             return False
         owner = func.value  # type: ignore[attr-defined]
         if type(owner) is ast.Name and owner.id == "self":  # type: ignore[attr-defined]
-            if self._loss_method(func.attr) or any(self._imported(b) for b in self.bases):  # type: ignore[attr-defined]
+            if self._loss_method(func.attr) or any(self._imported(_first(b)) for b in self.bases):  # type: ignore[attr-defined]
                 return True
         if type(owner) is ast.Call:
             return self._imported(_head(owner.func))  # type: ignore[attr-defined]
@@ -364,7 +437,8 @@ class _Walk:
         first name is (up to ``qualname``'s depth)."""
         if name is None or depth > 9:
             return False
-        if name in self.imported or any(self._imported(h, depth + 1) for h in self.aliases.get(name, ())):
+        aliases = self.aliases.get(name, ())
+        if name in self.imports or any(self._imported(_first(c), depth + 1) for c in aliases):
             return True
         if depth == 0 and not self.all_bindings:
             self._named_values()
@@ -374,7 +448,7 @@ class _Walk:
     def _instance(self, key: str) -> bool:
         """``values_of`` may find ``Class(...)`` (or ``Class.make(...)``) assigned to ``key`` (a name or
         ``self.x``), the class's first name imported (``constructed_class``)."""
-        if any(self._imported(h) for h in self.instances.get(key, ())):
+        if any(self._imported(_first(c)) for c in self.instances.get(key, ())):
             return True
         if not self.all_bindings:
             self._named_values()
@@ -504,9 +578,20 @@ def returned_loss_may_be_kept(tree: ast.Module) -> bool:
     (such a call, in the scope) the two sharing a loop as TL302 asks (or a value unpacked from the
     key by ``.items()``/``.values()``). What another file's summary holds is unknown here: any callee
     that may name an import, a method of this class or an imported class's instance is kept."""
-    walk = _Walk(tree)
-    walk.run()
-    return walk.may_fire_in_project()
+    return next(_walk_of(tree).kept_project_calls(), None) is not None
+
+
+def kept_loss_callees(tree: ast.Module) -> frozenset[str]:
+    """The qualified names (through the file's imports and aliases, as ``FileModel.qualname`` resolves
+    them) under which TL302 may look up another file's function for a cross-file finding
+    (``Rule.project_callees``): those of the calls ``returned_loss_may_be_kept`` keeps the file for
+    (``_Walk.callee_names``). Only a definition imported through one of these can return the loss a
+    finding here rests on; empty where that check holds for no call."""
+    walk = _walk_of(tree)
+    calls = {id(call): call for call in walk.kept_project_calls()}.values()
+    if calls and not walk.all_bindings:
+        walk._named_values()  # (every binding of a name counts, those of ``:=`` outside loops too)
+    return frozenset(name for call in calls for name in walk.callee_names(call))
 
 
 def _calls_backward(function: ast.AST) -> bool:
@@ -616,6 +701,11 @@ def _innermost(frames: Frames) -> tuple[int, str] | None:
         if frame[1] == "body":
             return frame
     return None
+
+
+def _first(chain: str) -> str:
+    """The first name of a dotted chain."""
+    return chain.partition(".")[0]
 
 
 def _head(node: ast.AST) -> str | None:

@@ -59,6 +59,9 @@ class LossAccumulatedWithGraph(Rule):
     project_gate = gate[1:]
     gate_check = "gate_loss_totals.total_may_hold_loss_graph"  # a loss added in its backward's loop
     project_gate_check = "gate_loss_totals.returned_loss_may_be_kept"  # a call added that may be one
+    # a cross-file finding asks only about what those calls (their instances' classes, ``self``'s bases)
+    # resolve to: an imported helper that returns its loss, reached through none of them, plays no part
+    project_callees = "gate_loss_totals.kept_loss_callees"
 
     @classmethod
     def wants_fact(cls, kind: str, facts: dict[str, Any]) -> bool:
@@ -649,11 +652,7 @@ class LossAccumulatedWithGraph(Rule):
     def _attached_reference(model: FileModel, added: cst.BaseExpression, key: str, site: Site) -> bool:
         """``key`` occurs in ``added`` outside any detaching call, and its value at this point is not a
         number taken out of the graph (``loss = loss.item()`` earlier in the loop)."""
-        found = False
-        for _node, detached in _references(model, added, key, site.scope, False):
-            if not detached:
-                found = True
-        if not found:
+        if all(detached for _node, detached in _references(model, added, key, site.scope, False)):
             return False
         if "." not in key:
             earlier = [

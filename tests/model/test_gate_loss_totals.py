@@ -310,7 +310,7 @@ def test_a_candidate_without_such_an_addition_is_neither_indexed_nor_parsed(
     assert not returned_loss_may_be_kept(ast.parse(text))
     options = LintOptions(("TL302",))
     on = lint_text(text, str(path), options)
-    monkeypatch.setitem(gates(), "TL302", dataclasses.replace(gate, project_check=""))
+    monkeypatch.setitem(gates(), "TL302", dataclasses.replace(gate, project_check="", project_callees=""))
     off = lint_text(text, str(path), options)
     assert (on.findings, on.errors) == (off.findings, off.errors) == ([], [])
     assert (on.parsed, off.parsed) == (False, True)  # without the check the index sends it to libcst
