@@ -573,7 +573,7 @@ class Project:
     ) -> list[tuple[str, Fact]]:
         """``imported_facts``, each with the import target it was reached through (``pkg.mod.f``, or
         the module ``pkg.mod`` for a module imported whole). ``reaching``: only of the imports
-        through which one of these callees is reached (``gates.reached_through``; None: all)."""
+        through which one of these callees is reached (``pyast.reached_through``; None: all)."""
         if not self.imports_from_project(text):
             return []
         own = own or self.index.outline_of(text, tree)

@@ -18,9 +18,9 @@ from test_gate_loss_totals import BASE, CROSS_FILE, STEPS
 
 from trainlint import engine
 from trainlint.engine import lint_text
-from trainlint.gates import reached_through
 from trainlint.model import gate_loss_totals
 from trainlint.model.gate_loss_totals import kept_loss_callees, returned_loss_may_be_kept
+from trainlint.model.pyast import reached_through
 from trainlint.model.summary import outline
 from trainlint.results import LintOptions
 
