@@ -523,7 +523,7 @@ RULES = (
         ),
         "gate_mean_of_means.mean_of_means_possible",
         "gate_mean_of_means.mean_of_means_possible_elsewhere",
-        "",
+        "gate_mean_of_means.token_mean_callees",
     ),
     (
         "TL302",

@@ -11,8 +11,11 @@ towards keeping the file.
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
+from typing import Any
 
 from trainlint.model.gate_calls import BINDERS, Bindings, binding, last_name, names_bound_to
+from trainlint.model.gate_loss_origin import Names, Traced
 from trainlint.model.pyast import ast_dotted as dotted
 from trainlint.model.vocab import (
     BACKWARD_NAMES,
@@ -60,31 +63,39 @@ class _Scope:
     """What one scope of ``FileModel`` holds that TL301's check reads."""
 
     __slots__ = (
+        "added",
         "assigned",
         "backward",
+        "bases",
+        "calls",
         "kind",
         "name",
         "name_calls",
         "params",
         "parent",
-        "returns",
+        "returned",
         "self_calls",
     )
 
     def __init__(self, kind: str, node: ast.AST, parent: _Scope | None = None) -> None:
         self.kind = kind
         self.parent = parent
-        self.name: str = getattr(node, "name", "") if kind == "function" else ""
+        # a def's or a class's name
+        self.name: str = getattr(node, "name", "") if kind in ("function", "class") else ""
+        # a class's bases as written (``_inherited_method``: ``self.f`` may be a base's of another file)
+        self.bases = [b for b in map(dotted, node.bases) if b] if kind == "class" else []  # type: ignore[attr-defined]
         # ``counted_by_callers``: the positional parameters (``posonly_params`` and ``params``)
         arguments = node.args if kind == "function" else None  # type: ignore[attr-defined]
         self.params = {a.arg for a in (*arguments.posonlyargs, *arguments.args)} if arguments else set()
         self.backward = False  # a call named ``backward``/``manual_backward`` (``is_backward_call``)
         self.name_calls: set[str] = set()  # ``f(...)``: the file's functions it may run
         self.self_calls: set[str] = set()  # ``self.f(...)``: the methods it may run
-        self.returns = False  # a ``return <value>`` in the scope itself (``returns_division``)
+        self.returned: list[ast.AST] = []  # the values of its own ``return <value>`` (``returns_division``)
+        self.calls: list[ast.Call] = []  # the calls in the scope itself
         # ``TokenEvidence._assigns`` and ``_added_to``: name -> (statement or None for ``+=``, start)
         # of each ``name = ...``, ``a, name = ...``, ``name: T = v`` and ``name += ...`` of the scope
         self.assigned: dict[str, list[tuple[ast.AST | None, Position]]] = {}
+        self.added: dict[str, list[ast.AST]] = {}  # what each ``name += value`` adds (``_added_to``)
 
 
 class _Division:
@@ -122,11 +133,25 @@ class _Facts:
         self.call_args: list[tuple[str, list[ast.Call]]] = []  # ``g(..., f(...))``: (g, [f(...)])
         self.loops: set[str] = set()  # ``x`` of every ``for ... in x`` or ``in enumerate(x)``
         self.names: set[str] = set()  # every identifier of the file
-        # ``FileModel.qualname``'s ways to another file: the names an import binds; and the assignments
-        # (``=``, ``:=``) of a call or of a plain or dotted name, with their scopes (read only by
-        # ``mean_of_means_possible_elsewhere``, see ``_Instances``)
-        self.imported: set[str] = set()
+        # ``FileModel.qualname``'s ways to another file: the names an import binds, with its targets
+        # (spelled as ``summary.outline``'s imports); and the assignments (``=``, ``:=``) of a call or of
+        # a plain or dotted name, with their scopes (read only for the project: ``_Values``, ``Names``)
+        self.imported: dict[str, set[str]] = {}
         self.bound: list[tuple[ast.Assign | ast.AnnAssign | ast.NamedExpr, _Scope]] = []
+        self._values: _Values | None = None
+        self._qualnames: Names | None = None
+
+    @property
+    def values(self) -> _Values:
+        if self._values is None:
+            self._values = _Values(self)
+        return self._values
+
+    @property
+    def qualnames(self) -> Names:
+        if self._qualnames is None:
+            self._qualnames = Names(self)
+        return self._qualnames
 
     def read_names(self) -> None:
         """Reads the file's identifiers (each part of a dotted import: libcst's names) as
@@ -164,7 +189,7 @@ def mean_of_means_possible(tree: ast.Module) -> bool:
     skipped. Each test is the rule's or the model's, or weaker (any ``for`` loop, any assignment, any
     return). With a project, a model built by another file's function may be a language model: that
     finding rests on the other file's facts (``returned_callee``)."""
-    facts = _walk(tree)
+    facts = _facts_of(tree)
     if not facts.padding or not facts.divisions:
         return False
     if not facts.token_loss and (facts.per_example or not (facts.token_targets or facts.minus_100)):
@@ -173,7 +198,11 @@ def mean_of_means_possible(tree: ast.Module) -> bool:
 
 
 def _backpropagated_division(facts: _Facts, padding: bool) -> bool:
-    """A division of the file whose dividend may have an origin (without ``padding`` evidence, one
+    return next(_backpropagated_divisions(facts, padding), None) is not None
+
+
+def _backpropagated_divisions(facts: _Facts, padding: bool) -> Iterator[_Division]:
+    """The divisions of the file whose dividend may have an origin (without ``padding`` evidence, one
     that may be another file's: ``_may_have_origin``), whose divisor may count accumulation steps and
     that a scope may backpropagate (``division_reaches_backward``, ``_returned_by_a_loss``)."""
     counts = _Counts(facts)
@@ -185,19 +214,18 @@ def _backpropagated_division(facts: _Facts, padding: bool) -> bool:
         ):
             continue
         if _backpropagates(scope, helpers):
-            return True
-        if scope.kind != "function" or not scope.returns:
+            yield division
+        elif scope.kind != "function" or not scope.returned:
             continue
-        if scope.name in _LOSS_FUNCTIONS or "loss" in scope.name.lower():
-            return True
-        if any(
+        elif scope.name in _LOSS_FUNCTIONS or "loss" in scope.name.lower():
+            yield division
+        elif any(
             other is not scope
             and (scope.name in other.name_calls or scope.name in other.self_calls)
             and _backpropagates(other, helpers)
             for other in facts.scopes
         ):
-            return True
-    return False
+            yield division
 
 
 def _backward_helpers(facts: _Facts) -> set[str]:
@@ -220,61 +248,122 @@ def mean_of_means_possible_elsewhere(tree: ast.Module) -> bool:
     ``C.make(...)`` where ``C`` may be imported (an import or an assigned alias), the loss class of
     another file whose ``forward`` divides by the steps (``_through_loss_wrappers``,
     ``constructed_class``)."""
-    facts = _walk(tree)
+    facts = _facts_of(tree)
     if _backpropagated_division(facts, padding=facts.padding):
         return True
+    return next(_called_instances(facts), None) is not None
+
+
+def _called_instances(facts: _Facts) -> Iterator[ast.expr]:
+    """The constructors (``C``, ``C.make``, as written) of the instances of another file's class that a
+    scope which may backpropagate calls (``_through_loss_wrappers``: ``criterion(...)``,
+    ``self.criterion(...)``)."""
     helpers = _backward_helpers(facts)
     instances = None
     for scope in facts.scopes:
         if not _backpropagates(scope, helpers) or not (scope.self_calls or scope.name_calls):
             continue
         instances = instances or _Instances(facts)
-        if any(n in instances.attributes for n in scope.self_calls):
-            return True
-        if any(instances.may_hold(name, scope) for name in scope.name_calls):
-            return True
-    return False
+        for name in scope.self_calls:
+            yield from instances.attributes.get(name, ())
+        for name in scope.name_calls:
+            yield from instances.held(name, scope)
+
+
+class _Values:
+    """``FileModel.values_of``'s calls: those assigned (``=``, ``:=``) to a name, by scope, and to a
+    ``self`` attribute (in any class)."""
+
+    def __init__(self, facts: _Facts) -> None:
+        self.names: dict[tuple[int, str], list[ast.Call]] = {}
+        self.attributes: dict[str, list[ast.Call]] = {}
+        for node, scope in facts.bound:
+            value = node.value
+            if type(value) is not ast.Call:
+                continue
+            for target in node.targets if type(node) is ast.Assign else [node.target]:
+                if type(target) is ast.Name:
+                    self.names.setdefault((id(scope), target.id), []).append(value)
+                elif type(target) is ast.Attribute and dotted(target.value) == "self":
+                    self.attributes.setdefault(target.attr, []).append(value)
+
+    def of(self, expr: ast.AST, scope: _Scope) -> list[ast.Call]:
+        """The calls ``values_of(expr)`` may hold: ``self.x``'s in any class, a name's in any scope out."""
+        path = dotted(expr)
+        if path is not None and path.startswith("self.") and path.count(".") == 1:
+            return self.attributes.get(path[5:], [])
+        if path is None or "." in path:
+            return []
+        out: list[ast.Call] = []
+        current: _Scope | None = scope
+        while current is not None:
+            out += self.names.get((id(current), path), ())
+            current = current.parent
+        return out
 
 
 class _Instances:
     """The names and ``self`` attributes ``constructed_class`` may find an instance of another file's
     class in: assigned ``C(...)`` or ``C.make(...)`` where ``C`` (its head) may resolve through an
-    import (``FileModel.qualname``: a name an import binds, or one assigned a plain or dotted name)."""
+    import (``FileModel.qualname``: a name an import binds, or one assigned a plain or dotted name),
+    with the constructors (as written)."""
 
     def __init__(self, facts: _Facts) -> None:
-        aliased = {
-            t.id
-            for node, _ in facts.bound
-            if type(node.value) is not ast.Call
-            for t in (node.targets if type(node) is ast.Assign else [node.target])
-            if type(t) is ast.Name
-        }
-        importable = facts.imported | aliased
-        self.names: dict[int, set[str]] = {}  # id(scope) -> the names assigned such an instance there
-        self.attributes: set[str] = set()  # ``n`` of ``self.n`` so assigned (in any class)
-        for node, scope in facts.bound:
-            value = node.value
-            if type(value) is not ast.Call or (dotted(value.func) or ".").partition(".")[0] not in importable:
-                continue
-            for target in node.targets if type(node) is ast.Assign else [node.target]:
-                if type(target) is ast.Name:
-                    self.names.setdefault(id(scope), set()).add(target.id)
-                elif type(target) is ast.Attribute and dotted(target.value) == "self":
-                    self.attributes.add(target.attr)
+        importable = set(facts.imported) | set(facts.qualnames.aliases)
 
-    def may_hold(self, name: str, scope: _Scope) -> bool:
+        def made(calls: list[ast.Call]) -> list[ast.expr]:
+            return [c.func for c in calls if (dotted(c.func) or ".").partition(".")[0] in importable]
+
+        values = facts.values
+        # (id(scope), name) -> the constructors of such instances assigned to the name there
+        self.names = {key: found for key, calls in values.names.items() if (found := made(calls))}
+        # ``n`` of ``self.n`` so assigned (in any class) -> the constructors
+        self.attributes = {key: found for key, calls in values.attributes.items() if (found := made(calls))}
+
+    def held(self, name: str, scope: _Scope) -> list[ast.expr]:
         """``FileModel.values_of`` the name in the scope: the values of the first scope out (class scopes
         skipped but the first) that binds it (an assignment or a positional parameter; other bindings
         are looked past)."""
         current: _Scope | None = scope
         while current is not None:
             if current.kind != "class" or current is scope:
-                if name in self.names.get(id(current), ()):
-                    return True
+                found = self.names.get((id(current), name))
+                if found:
+                    return found
                 if name in current.params or any(s is not None for s, _ in current.assigned.get(name, ())):
-                    return False
+                    return []
             current = current.parent
-        return False
+        return []
+
+
+def token_mean_callees(tree: ast.Module) -> frozenset[str]:
+    """The qualified names (``FileModel.qualname``: through the file's imports and aliases) of the
+    callees through which TL301 may look up another file's facts for a finding here (``Rule.
+    project_callees``): those ``Traced`` finds from the dividend of each division
+    ``mean_of_means_possible_elsewhere`` keeps, and the constructors of the instances of another file's
+    loss class a scope that may backpropagate calls (``_called_instances``). Of the definitions the file
+    imports, only one reached through these names can take part in a cross-file finding."""
+    facts = _facts_of(tree)
+    traced = Traced(facts)
+    for division in _backpropagated_divisions(facts, padding=facts.padding):
+        traced.push("origin", division.dividend, division.scope)
+    traced.run()
+    for constructor in _called_instances(facts):
+        traced.add(dotted(constructor))
+    return frozenset(traced.found)
+
+
+# The tree asked last and its facts: the file's check, the project's and the callees ask the same tree.
+# One tuple, replaced whole: a thread (the language server verifies in one) never reads another tree's.
+_LAST: tuple[Any, Any] = (None, None)
+
+
+def _facts_of(tree: ast.Module) -> _Facts:
+    global _LAST
+    last = _LAST
+    if last[0] is not tree:
+        last = _LAST = (tree, _walk(tree))
+    return last[1]
 
 
 def _may_have_origin(expr: ast.AST, division: _Division, padding: bool = True) -> bool:
@@ -420,16 +509,23 @@ def _note_for(node: ast.For | ast.AsyncFor, _scope: _Scope, _statement: ast.AST,
 
 
 def _note_return(node: ast.Return, scope: _Scope, _statement: ast.AST, _facts: _Facts) -> None:
-    scope.returns = scope.returns or node.value is not None
+    if node.value is not None:
+        scope.returned.append(node.value)
 
 
 def _note_binder(node: ast.AST, scope: _Scope, _statement: ast.AST, facts: _Facts) -> None:
     binding(node, facts.bindings)
     kind = type(node)
     if kind is ast.Import or kind is ast.ImportFrom:  # (``FileModel``: a star import binds nothing)
+        base = "." * node.level + (node.module or "") if kind is ast.ImportFrom else None  # type: ignore[attr-defined]
         for alias in node.names:  # type: ignore[attr-defined]
-            if alias.name != "*":
-                facts.imported.add(alias.asname or alias.name.partition(".")[0])
+            if alias.name == "*":
+                continue
+            if base is None:
+                target = alias.name if alias.asname else alias.name.partition(".")[0]
+            else:
+                target = f"{base}.{alias.name}" if base and not base.endswith(".") else base + alias.name
+            facts.imported.setdefault(alias.asname or alias.name.partition(".")[0], set()).add(target)
         return
     value = node.value  # type: ignore[attr-defined]
     if value is None:
@@ -466,6 +562,7 @@ def _note_slice(node: ast.Slice, _scope: _Scope, _statement: ast.AST, facts: _Fa
 def _note_call(node: ast.Call, scope: _Scope, statement: ast.AST, facts: _Facts) -> None:
     func = node.func
     name = last_name(func)
+    scope.calls.append(node)
     if name in BACKWARD_NAMES:
         scope.backward = True
     if type(func) is ast.Name:
@@ -510,6 +607,7 @@ def _note_augassign(node: ast.AugAssign, scope: _Scope, statement: ast.AST, fact
             facts.divisions.append(_Division(node, target, count, scope, statement))
     elif op is ast.Add and type(target) is ast.Name:
         scope.assigned.setdefault(target.id, []).append((None, (node.lineno, node.col_offset)))
+        scope.added.setdefault(target.id, []).append(node.value)
 
 
 def _note_assignment(node: ast.Assign | ast.AnnAssign, scope: _Scope, facts: _Facts) -> None:

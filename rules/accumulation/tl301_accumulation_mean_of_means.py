@@ -89,6 +89,11 @@ class AccumulationMeanOfMeans(Rule):
     # Cross-file: such a division whatever the file calls its loss and model (padding evidence, or a
     # dividend that may be another file's token mean), or a call of another file's loss class
     project_gate_check = "gate_mean_of_means.mean_of_means_possible_elsewhere"
+    # The imported definitions a cross-file finding can rest on: those reached through what the divided
+    # loss's origin calls (a helper, a base class's method, an instance's method, a language model's
+    # builder) or through the loss class an instance called here is built from; an import reached
+    # through none of them (the trainer's `Accelerator`, a dataset class) does not send the file to libcst
+    project_callees = "gate_mean_of_means.token_mean_callees"
 
     @classmethod
     def wants_fact(cls, kind: str, facts: dict[str, Any]) -> bool:
