@@ -18,10 +18,11 @@ from test_project_shapes_s5 import BUILDERS, LOOP, MASKED_MEAN_HELPER
 
 from trainlint import engine
 from trainlint.engine import lint_text
-from trainlint.gates import gates, reached_through
+from trainlint.gates import gates
 from trainlint.model import gate_mean_of_means
 from trainlint.model.gate_mean_of_means import token_mean_callees
 from trainlint.model.project import Project
+from trainlint.model.pyast import reached_through
 from trainlint.results import LintOptions
 from trainlint.rule import registry
 
