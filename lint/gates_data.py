@@ -394,7 +394,7 @@ RULES = (
         (("~\n\x02(?:(?!save_|load_|resume_)\\w*checkpoint)", "\npreserve_rng_state\n"),),
         "gate_checkpoint_misc.rng_flag_may_be_off",
         "gate_checkpoint_misc.wrapper_may_leave_rng_off",
-        "",
+        "gate_checkpoint_misc.rng_wrapper_callees",
     ),
     (
         "TL205",

@@ -10,7 +10,9 @@ import ast
 from dataclasses import dataclass, field
 
 from trainlint.model.gate_calls import BINDERS, Bindings, binding, last_name, names_bound_to
-from trainlint.model.vocab import INPUT_GRAD_FIXES
+from trainlint.model.gate_sharding_order import Resolve, resolver
+from trainlint.model.pyast import ast_dotted as dotted
+from trainlint.model.vocab import CHECKPOINT_WRAPPERS, INPUT_GRAD_FIXES
 
 _ARGUMENTS_SUFFIX = "TrainingArguments"  # TL205's ``ARGUMENT_CLASS`` (``TrainingArguments$``)
 _KWARGS = "gradient_checkpointing_kwargs"
@@ -49,6 +51,9 @@ class _RngFlags:
     keyword: bool = False  # some call is given the keyword
     off_by_default: list[tuple[str, str]] = field(default_factory=list)  # (def, its parameter)
     called: set[str] = field(default_factory=set)  # the plain names called
+    # the callees (dotted names) of the calls given a positional argument and ``preserve_rng_state=``
+    # the literal False or a name: what ``constant_value`` may read as False
+    off_calls: list[str] = field(default_factory=list)
 
     def call(self, node: ast.Call) -> bool:
         """Notes the call's keyword; True when its value is itself one that may be off."""
@@ -59,6 +64,8 @@ class _RngFlags:
                 continue
             self.keyword = True
             value = keyword.value
+            if node.args and (type(value) is ast.Name or _is_false(value)):
+                self.off_calls.append(dotted(node.func) or "")
             if type(value) is ast.Name:
                 self.flags.add(value.id)
             elif _false_or_dropout_test(value):
@@ -108,13 +115,47 @@ def wrapper_may_leave_rng_off(tree: ast.Module) -> bool:
     the argument is then a call whose callee's first name is imported so, or a name or ``self.x`` the
     file assigns such a call (``constructed_class``)."""
     flags, found = _RngFlags(), _Wrapped()
+    if _gather(tree, flags, found, settle=True):
+        return True
+    return flags.may_be_off() or found.may_report(flags.keyword)
+
+
+def rng_wrapper_callees(tree: ast.Module) -> frozenset[str]:
+    """The qualified names (``FileModel.qualname``: through the file's imports and aliases) of the
+    imported functions and classes a cross-file finding of TL204 may rest on (``Rule.project_callees``):
+
+    - ``_through_wrappers``: at a call that may be another file's wrapper (its callee resolves through
+      an import) or, when the file gives a ``preserve_rng_state=`` keyword, the file's own (called by
+      its name), given something that may draw random numbers: an instance of an imported class
+      (``constructed_class``: a call given, or a call assigned anywhere to a name or ``self.x`` given),
+      or, in a file naming a word of randomness, code of the file (``resolve_callable``): the callee,
+      and the class of each instance given (``Block.from_pretrained`` names ``Block``'s method,
+      reached through ``Block``'s import).
+    - ``_wrapped_modules``: torch's ``checkpoint_wrapper``/``CheckpointWrapper`` given a module and
+      ``preserve_rng_state=`` False or a name: the module's class may be any class of another file the
+      file imports (``candidate_classes`` falls back to them all, and a loop over the model's own
+      blocks takes the classes its container is built from), so every import target of the file.
+
+    Empty where no call may reach an imported definition so: no import then takes part in a finding."""
+    flags, found = _RngFlags(), _Wrapped()
+    _gather(tree, flags, found, settle=False)
+    resolve = resolver(found.imports, found.aliases)
+    if any(CHECKPOINT_WRAPPERS & resolve(path) for path in flags.off_calls):
+        return frozenset(t for targets in found.imports.values() for t in targets)
+    return frozenset(found.callees(resolve, flags.keyword))
+
+
+def _gather(tree: ast.Module, flags: _RngFlags, found: _Wrapped, *, settle: bool) -> bool:
+    """One walk of the tree into ``flags`` and ``found``. With ``settle``, it stops at the first call
+    that, with what came before it, may hold a finding (True); else it walks the whole tree (False)."""
     stack: list[ast.AST] = [tree]
     node_type = ast.AST
     while stack:
         node = stack.pop()
         kind = type(node)
         if kind is ast.Call:
-            if flags.call(node) or found.call(node):  # type: ignore[arg-type]
+            off = flags.call(node)  # type: ignore[arg-type]
+            if (found.call(node) or off) and settle:  # type: ignore[arg-type]
                 return True
         elif kind is ast.Attribute:
             found.random = found.random or _random_word(node.attr)  # type: ignore[attr-defined]
@@ -123,8 +164,9 @@ def wrapper_may_leave_rng_off(tree: ast.Module) -> bool:
             found.assign(node, kind)
         elif kind is ast.FunctionDef or kind is ast.AsyncFunctionDef:
             flags.define(node)  # type: ignore[arg-type]
+            found.callables.add(node.name)  # type: ignore[attr-defined]
         elif kind is ast.Import or kind is ast.ImportFrom:
-            found.imports(node, kind)
+            found.bind_import(node, kind)
         # the children in reverse, so that they are taken in the order of the source (imports first)
         for name in reversed(node._fields):
             value = getattr(node, name, None)
@@ -132,74 +174,127 @@ def wrapper_may_leave_rng_off(tree: ast.Module) -> bool:
                 stack.extend(child for child in reversed(value) if isinstance(child, node_type))
             elif isinstance(value, node_type):
                 stack.append(value)
-    return flags.may_be_off() or found.may_report(flags.keyword)
+    return False
 
 
 @dataclass
 class _Wrapped:
-    """What ``_through_wrappers`` needs of the file, gathered over its tree."""
+    """What ``_through_wrappers`` needs of the file, gathered over its tree. Names are dotted ones
+    (``a.b.c``); their first name (``_first``) is what the gate's answer looks at, the whole one what
+    the callees are resolved from."""
 
-    imported: set[str] = field(default_factory=set)  # names bound by an import
-    aliases: list[tuple[str, str]] = field(default_factory=list)  # (name, first name of the dotted name)
-    made: list[tuple[str, str]] = field(default_factory=list)  # (name or self.x, first name of its call)
-    # (first name of the callee, first names of the calls given as arguments, names given)
-    calls: list[tuple[str, list[str], list[str]]] = field(default_factory=list)
+    imports: dict[str, set[str]] = field(default_factory=dict)  # names bound by an import: its targets
+    aliases: dict[str, list[str]] = field(default_factory=dict)  # name: the dotted names assigned to it
+    made: list[tuple[str, str]] = field(default_factory=list)  # (name or self.x, the callee of its call)
+    # (the callee, the callees of the calls given as arguments, names given, whether a lambda is given)
+    calls: list[tuple[str, list[str], list[str], bool]] = field(default_factory=list)
     random: bool = False  # a word of randomness in an imported name or an attribute
     made_here: set[str] = field(default_factory=set)  # those of ``made`` whose call is of an import so far
+    # the names a def binds or that are assigned a call or a lambda: those ``resolve_callable`` may
+    # follow to a def of the file
+    callables: set[str] = field(default_factory=set)
 
     def call(self, node: ast.Call) -> bool:
         """Notes the call; True when it is, with what came before it, a call of an imported function
         given something that may draw random numbers (the answer is then known)."""
-        head = _head(node.func)
+        path = dotted(node.func)
         given = [a for a in node.args if type(a) is not ast.Starred]
         given += [k.value for k in node.keywords if k.arg is not None]
-        if head is None or not given:
+        if path is None or not given:
             return False
-        calls = [h for h in (_head(a.func) for a in given if type(a) is ast.Call) if h is not None]
+        calls = [p for p in (dotted(a.func) for a in given if type(a) is ast.Call) if p is not None]
         names = [n for n in map(_assigned_name, given) if n is not None]
-        self.calls.append((head, calls, names))
-        imported = self.imported
-        if head not in imported:
+        self.calls.append((path, calls, names, any(type(a) is ast.Lambda for a in given)))
+        imported = self.imports
+        if _first(path) not in imported:
             return False
-        return self.random or any(h in imported for h in calls) or any(n in self.made_here for n in names)
+        return (
+            self.random
+            or any(_first(p) in imported for p in calls)
+            or any(n in self.made_here for n in names)
+        )
 
     def assign(self, node: ast.AST, kind: type) -> None:
         value = node.value  # type: ignore[attr-defined]
         targets = node.targets if kind is ast.Assign else [node.target]  # type: ignore[attr-defined]
-        head = _head(value) if value is not None else None
-        if head is not None:  # ``f = x.name``: ``f`` is ``x``'s when ``x`` is imported
-            self.aliases += [(t.id, head) for t in targets if type(t) is ast.Name]
-        head = _head(value.func) if type(value) is ast.Call else None
-        if head is not None:
+        path = dotted(value) if value is not None else None
+        if path is not None:  # ``f = x.name``: ``f`` is ``x``'s when ``x`` is imported
+            for target in targets:
+                if type(target) is ast.Name:
+                    self.aliases.setdefault(target.id, []).append(path)
+        if type(value) is ast.Call or type(value) is ast.Lambda:
+            self.callables.update(t.id for t in targets if type(t) is ast.Name)
+        path = dotted(value.func) if type(value) is ast.Call else None
+        if path is not None:
             made = [n for n in map(_assigned_name, targets) if n is not None]
-            self.made += [(n, head) for n in made]
-            if head in self.imported:
+            self.made += [(n, path) for n in made]
+            if _first(path) in self.imports:
                 self.made_here.update(made)
 
-    def imports(self, node: ast.AST, kind: type) -> None:
+    def bind_import(self, node: ast.AST, kind: type) -> None:
+        """The names an import binds, with their targets as ``FileModel`` spells them."""
         module = node.module if kind is ast.ImportFrom else None  # type: ignore[attr-defined]
         self.random = self.random or (module is not None and _random_word(module))
+        base = "." * node.level + (module or "") if kind is ast.ImportFrom else ""  # type: ignore[attr-defined]
         for alias in node.names:  # type: ignore[attr-defined]
             self.random = self.random or _random_word(alias.name)
-            bound = alias.asname or (alias.name.partition(".")[0] if kind is ast.Import else alias.name)
-            self.imported.add(bound)
+            if kind is ast.Import:
+                bound = alias.asname or alias.name.partition(".")[0]
+                target = alias.name if alias.asname else bound
+            elif alias.name != "*":
+                bound, target = alias.asname or alias.name, f"{base}.{alias.name}" if base else alias.name
+            else:
+                continue
+            self.imports.setdefault(bound, set()).add(target)
 
     def may_report(self, own_wrappers: bool) -> bool:
-        imported = names_bound_to(frozenset(self.imported), self.aliases)
-        made = {name for name, head in self.made if head in imported}
-        for head, calls, names in self.calls:
-            if head not in imported and not own_wrappers:
+        bindings = [(name, _first(path)) for name, paths in self.aliases.items() for path in paths]
+        imported = names_bound_to(frozenset(self.imports), bindings)
+        made = {name for name, path in self.made if _first(path) in imported}
+        for path, calls, names, _ in self.calls:
+            if _first(path) not in imported and not own_wrappers:
                 continue
-            if self.random or any(h in imported for h in calls) or any(n in made for n in names):
+            if self.random or any(_first(p) in imported for p in calls) or any(n in made for n in names):
                 return True
         return False
 
+    def callees(self, resolve: Resolve, own_wrappers: bool) -> set[str]:
+        """What ``may_report`` asks, call by call, as qualified names: the callee of each call that may
+        be a wrapper (none for the file's own) given an instance of an imported class (those classes
+        too), or given, in a file naming a word of randomness, something ``resolve_callable`` may
+        follow to a def or lambda of the file (``_runs_here``)."""
+        classes: dict[str, set[str]] = {}
+        for name, path in self.made:
+            classes.setdefault(name, set()).update(resolve(path))
+        out: set[str] = set()
+        for path, calls, names, lambdas in self.calls:
+            wrappers = resolve(path)
+            if not wrappers and not (own_wrappers and "." not in path):  # (``own_function``: a name)
+                continue
+            given = set().union(*map(resolve, calls), *(classes.get(n, ()) for n in names))
+            if given or (self.random and wrappers and self._runs_here(resolve, calls, names, lambdas)):
+                out |= wrappers | given
+        return out
 
-def _head(func: ast.expr) -> str | None:
-    """The first name of a plain or dotted name (``a`` of ``a.b.c``), else None."""
-    while type(func) is ast.Attribute:
-        func = func.value  # type: ignore[attr-defined]
-    return func.id if type(func) is ast.Name else None  # type: ignore[attr-defined]
+    def _runs_here(self, resolve: Resolve, calls: list[str], names: list[str], lambdas: bool) -> bool:
+        """Whether an argument may be code of this file (``resolve_callable``): a lambda, ``self.x``
+        (a method, or an instance of a class of the file), a name bound by a def or assigned a call or a
+        lambda, or a call of a plain name (the file's factory of a nested def) or of ``partial``."""
+        if lambdas or any(n.startswith("self.") or n in self.callables for n in names):
+            return True
+        return any("." not in p or _PARTIAL in resolve(p) for p in calls)
+
+
+_PARTIAL = "functools.partial"  # (``targets.PARTIAL``)
+
+
+def _first(path: str) -> str:
+    """``a`` of ``a.b.c``."""
+    return path.partition(".")[0]
+
+
+def _is_false(value: ast.expr) -> bool:
+    return type(value) is ast.Constant and value.value is False  # type: ignore[attr-defined]
 
 
 def _assigned_name(node: ast.expr) -> str | None:

@@ -35,6 +35,14 @@ CHECKPOINT_FUNCTIONS = frozenset(
         "torch.utils.checkpoint.checkpoint_sequential",
     }
 )
+# torch's wrapper of a module's forward: keywords other than its own go to torch's checkpoint (TL204's
+# ``_wrapped_modules``, and the gate's ``rng_wrapper_callees``)
+CHECKPOINT_WRAPPERS = frozenset(
+    {
+        "torch.distributed.algorithms._checkpoint.checkpoint_wrapper.checkpoint_wrapper",
+        "torch.distributed.algorithms._checkpoint.checkpoint_wrapper.CheckpointWrapper",
+    }
+)
 LOW_PRECISION_DTYPES = frozenset(
     {"torch.float16", "torch.half", "torch.bfloat16"},
 )

@@ -32,7 +32,7 @@ from trainlint.model.crossfile import (
 )
 from trainlint.model.module_classes import candidate_classes, container_modules, submodule_classes
 from trainlint.model.targets import Target, called_functions, resolve_callable
-from trainlint.model.vocab import CHECKPOINT_FUNCTIONS, DROPOUT_MODULES
+from trainlint.model.vocab import CHECKPOINT_FUNCTIONS, CHECKPOINT_WRAPPERS, DROPOUT_MODULES
 from trainlint.rules.checkpoint._shared import (
     checkpoint_calls,
     checkpoint_sites,
@@ -72,6 +72,11 @@ class CheckpointRngNotPreserved(Rule):
     # given something that may draw random numbers: a word of randomness in the file, or an instance
     # of an imported class.
     project_gate_check = "gate_checkpoint_misc.wrapper_may_leave_rng_off"
+    # Of the definitions the file imports, only those such a call reaches take part: the wrapper called
+    # and the class of an instance given to it; for torch's `checkpoint_wrapper` on a module whose class
+    # is not known, any imported class (so every import). A file importing a wrapper it never calls
+    # with something random is then not parsed for the rule.
+    project_callees = "gate_checkpoint_misc.rng_wrapper_callees"
 
     @classmethod
     def wants_fact(cls, kind: str, facts: dict[str, Any]) -> bool:
@@ -408,15 +413,6 @@ RANDOM_FUNCTIONS = frozenset(
 
 
 RANDOM_PREFIXES = ("random.", "numpy.random.")
-
-
-# torch's wrapper for a module's forward: keywords other than its own go to torch's checkpoint
-CHECKPOINT_WRAPPERS = frozenset(
-    {
-        "torch.distributed.algorithms._checkpoint.checkpoint_wrapper.checkpoint_wrapper",
-        "torch.distributed.algorithms._checkpoint.checkpoint_wrapper.CheckpointWrapper",
-    }
-)
 
 
 def _module_randomness(

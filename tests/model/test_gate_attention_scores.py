@@ -365,8 +365,9 @@ def test_the_cross_file_findings_of_tl204_are_kept(
 def test_a_cross_file_candidate_ruled_out_is_not_parsed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The wrapper of the other file is a fact TL204 wants, so without the check the file is parsed for
-    nothing: its call passes on a parameter."""
+    """The wrapper of the other file is a fact TL204 wants, so without the check (and without its
+    callees, ``rng_wrapper_callees``, which name no import here either) the file is parsed for nothing:
+    its call passes on a parameter."""
     (tmp_path / "pyproject.toml").write_text("")
     (tmp_path / "utils.py").write_text(textwrap_dedent(UTILS))
     main = tmp_path / "main.py"
@@ -376,7 +377,10 @@ def test_a_cross_file_candidate_ruled_out_is_not_parsed(
     assert not wrapper_may_leave_rng_off(ast.parse(text))
     on = lint_text(text, str(main), LintOptions(("TL204",)))
     assert (on.findings, on.parsed) == ([], False)
-    monkeypatch.setitem(gates(), "TL204", dataclasses.replace(gates()["TL204"], project_check=""))
+    unchecked = dataclasses.replace(gates()["TL204"], project_check="")
+    monkeypatch.setitem(gates(), "TL204", unchecked)
+    assert not lint_text(text, str(main), LintOptions(("TL204",))).parsed  # (the callees alone rule it out)
+    monkeypatch.setitem(gates(), "TL204", dataclasses.replace(unchecked, project_callees=""))
     off = lint_text(text, str(main), LintOptions(("TL204",)))
     assert (off.findings, off.parsed) == ([], True)
 
