@@ -20,8 +20,9 @@ from test_gate_code_s6 import DROPOUT_BLOCK, WRAPPED, WRAPPED_CLASS
 
 from trainlint import engine
 from trainlint.engine import lint_text
-from trainlint.gates import gates, reached_through
+from trainlint.gates import gates
 from trainlint.model.gate_checkpoint_misc import rng_wrapper_callees, wrapper_may_leave_rng_off
+from trainlint.model.pyast import reached_through
 from trainlint.results import LintOptions
 
 TESTS = Path(__file__).resolve().parent.parent
