@@ -59,7 +59,25 @@ _RULE_IDS = "rule-ids.json"
 _SECRET = "secret"
 _FINGERPRINT = "fingerprint.json"
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+# Keys whose outcome is no finding (most files of a run), one a line in a journal per writing process,
+# not one entry file each: creating a file costs a cold run more CPU than parsing a small one, and a
+# warm run reads the journals once instead of opening an entry per file
+_QUIET_FOLDER = "quiet"
+_QUIET_SUFFIX = ".keys"
+MAX_JOURNAL_BYTES = 16 * 1024 * 1024  # 250,000 keys
+_JOURNALS_MERGED_AFTER = 64
+# this process's open journal per cache version folder, (process id, descriptor): shared by the cache
+# objects a worker unpickles, one per file it lints; a forked worker opens its own
+_JOURNALS: dict[str, tuple[int, int]] = {}
 _PREPARED: set[str] = set()  # cache folders this process has set up
+
+
+def _close_journal(root: str) -> None:
+    """Forget this process's journal of a cache folder, closed if this process opened it."""
+    journal = _JOURNALS.pop(root, None)
+    if journal is not None and journal[0] == os.getpid():
+        with contextlib.suppress(OSError):
+            os.close(journal[1])
 
 
 def _libcst_version() -> str:
@@ -291,14 +309,18 @@ class ResultCache:
         self._quiet: dict[Job, str] = {}  # keyed as proven quiet by the gate, not answered yet
         self._batch = object()  # this run's keys share their module lookups (``dependency_key``)
         self._ready: set[str] = set()  # entry folders this run made or found safe to write into
+        self._journaled: set[str] | None = None  # the journals' keys, read on the first lookup
+
+    _UNPICKLED = ("_keys", "_quiet", "_batch", "_ready", "_journaled")
 
     def __getstate__(self) -> dict[str, Any]:
-        # workers get the folder and secrets, not the keys of the files looked up
-        return {k: v for k, v in self.__dict__.items() if k not in ("_keys", "_quiet", "_batch", "_ready")}
+        # workers get the folder and secrets, not the keys of the files looked up (nor the journals)
+        return {k: v for k, v in self.__dict__.items() if k not in self._UNPICKLED}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._keys, self._quiet, self._batch, self._ready = {}, {}, object(), set()
+        self._journaled = None
 
     def problem(self) -> str | None:
         """Why this cache must not be used (its folder or version folder is a link, a file, another
@@ -401,9 +423,14 @@ class ResultCache:
         if text is None:
             return None  # unreadable: linted (and reported) afresh, never cached
         quiet = self._no_rules_key(job, text) if "gradient_checkpointing" not in text else ""
+        if quiet and quiet in self._journaled_keys():
+            return FileResult(job[1]), None
         data = self._read(quiet) if quiet else None
         if data is None:
             key = self.key(job, text)
+            if key != quiet and key in self._journaled_keys():
+                self._keys.pop(job, None)
+                return FileResult(job[1]), None
             data = self._read(key) if key != quiet else None
             if data is None and self._quiet.pop(job, None) == key:
                 return self._answer_quiet(job, text)
@@ -470,14 +497,79 @@ class ResultCache:
             "errors": [e.to_cache() for e in result.errors],
             "parsed": result.parsed,
         }
-        target = self._file(self.key(job, text, gate=False))
+        key = self.key(job, text, gate=False)
         self._keys.pop(job, None)
         try:
             self._prepare()
+            if not (result.findings or result.errors or result.parsed) and self._journal_key(key):
+                return
+            target = self._file(key)
             if self._entry_folder_ready(os.path.dirname(target)):
                 self._write_json(target, payload)
         except OSError:
             pass  # a read-only or full disk only costs speed
+
+    # -- the journals of no-finding outcomes ---------------------------------------------------------
+    def _journaled_keys(self) -> set[str]:
+        if self._journaled is None:
+            self._journaled = self._read_journals()
+        return self._journaled
+
+    def _read_journals(self) -> set[str]:
+        """The keys of every journal (regular files only, never through a link); many journals are
+        merged into one, so that a lookup reads a few files however many runs wrote them."""
+        folder = self.root / _QUIET_FOLDER
+        if folder_problem(folder) is not None:
+            return set()
+        try:
+            names = sorted(n for n in os.listdir(folder) if n.endswith(_QUIET_SUFFIX))
+        except OSError:
+            return set()
+        keys: set[str] = set()
+        for name in names:
+            data = read_capped(folder / name, MAX_JOURNAL_BYTES)
+            if data is not None:  # (a line cut short by a crash is no key: it matches nothing)
+                keys.update(line for line in data.decode("ascii", "replace").split("\n") if len(line) == 64)
+        if len(names) > _JOURNALS_MERGED_AFTER:
+            self._merge_journals(folder, names, keys)
+        return keys
+
+    def _merge_journals(self, folder: Path, names: list[str], keys: set[str]) -> None:
+        """One journal with ``keys`` in place of the ``names`` read (a key another process appends to one
+        of them meanwhile may be lost: it is linted again, never answered wrong)."""
+        try:
+            self._prepare()
+            self._write_text(folder / f"merged-{os.getpid()}-{os.urandom(4).hex()}{_QUIET_SUFFIX}", keys)
+        except OSError:
+            return  # (the journals stay as they are)
+        for name in names:
+            with contextlib.suppress(OSError):  # (another process merged it first)
+                os.unlink(folder / name)
+
+    @staticmethod
+    def _write_text(target: Path, keys: set[str]) -> None:
+        fd = os.open(target.with_suffix(".tmp"), os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="ascii") as handle:
+            handle.write("".join(f"{key}\n" for key in sorted(keys)))
+        os.replace(target.with_suffix(".tmp"), target)
+
+    def _journal_key(self, key: str) -> bool:
+        """Append ``key`` to this process's journal (made on the first key); False where it cannot be."""
+        journal = _JOURNALS.get(self._root)
+        if journal is None or journal[0] != os.getpid():
+            folder = self.root / _QUIET_FOLDER
+            if not self._entry_folder_ready(str(folder)):
+                return False
+            name = f"{os.getpid()}-{os.urandom(4).hex()}{_QUIET_SUFFIX}"
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | _NOFOLLOW
+            while len(_JOURNALS) >= 8:  # (a long process, the tests: many caches, few descriptors)
+                _close_journal(next(iter(_JOURNALS)))
+            _close_journal(self._root)
+            journal = _JOURNALS[self._root] = (os.getpid(), os.open(folder / name, flags, 0o600))
+        os.write(journal[1], f"{key}\n".encode("ascii"))  # (one line, one write: never interleaved)
+        if self._journaled is not None:
+            self._journaled.add(key)
+        return True
 
     def _entry_folder_ready(self, folder: str) -> bool:
         """Whether entries may be written into ``folder``, made if needed: never through a planted link.

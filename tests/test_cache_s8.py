@@ -1,5 +1,6 @@
-"""A cold run stores an entry for every file, in 16 folders named by the key's first character: each
-folder is made and checked (never a planted link) once per run, not once per entry."""
+"""A cold run stores an entry for every file with findings, in 16 folders named by the key's first
+character: each folder is made and checked (never a planted link) once per run, not once per entry.
+(Files with no finding go to a journal: tests/test_cache_journal_s11.py.)"""
 
 from __future__ import annotations
 
@@ -20,10 +21,12 @@ def test_each_entry_folder_is_made_once_per_run(
     project.mkdir()
     (project / "pyproject.toml").write_text("")
     for n in range(60):
-        (project / f"m{n}.py").write_text(f"def f{n}(x):\n    return x + {n}\n")
+        (project / f"m{n}.py").write_text(
+            f"from torch.utils.checkpoint import checkpoint\ny = checkpoint(f, {n})\n"
+        )
     made = counting(monkeypatch, cache_module.os, "makedirs")
     cache = tmp_path / "cache"
-    assert run(["--jobs", "1", "--quiet", "--cache-dir", str(cache), str(project)]) == 0
+    assert run(["--jobs", "1", "--quiet", "--select", "TL201", "--cache-dir", str(cache), str(project)]) == 1
     capsys.readouterr()
     entries = [p for p in cache.rglob("*.json") if len(p.parent.name) == 1]
     assert len(entries) == 60  # every file was stored (else the count below proves nothing)
