@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainlint import __version__
 from trainlint.files import NOTEBOOK, read_source
+from trainlint.model.dependency_keys import Recording, mark_full, marked_full, recorded_lint_key, recording
 from trainlint.model.pins import pins_stamp
 from trainlint.model.project import dependency_key, recorded_dependency_key
 from trainlint.model.stamps import collector_paused
@@ -332,11 +333,14 @@ class ResultCache:
         return None
 
     # -- reading -------------------------------------------------------------------------------------
-    def key(self, job: Job, text: str, gate: bool = True) -> str:
+    def key(self, job: Job, text: str, gate: bool = True, found: Recording | None = None) -> str | None:
         # a miss looks the key up, lints, then stores under the same key: computed once for both (a
         # run looks every file up before it lints the misses, so the keys of misses are kept until
         # stored; workers, which get the cache without them, compute their own). ``gate``: False
-        # spares asking the engine's gate (``store``: a linted file is one the gate did not rule out)
+        # spares asking the engine's gate (``store``: a linted file is one the gate did not rule out).
+        # None: a lookup of a file with no record whose rules run (a miss: the key is what its lint
+        # asks of the project, ``found``, the lint's recording; where that could not be kept, the key
+        # of every import, noted by ``mark_full``)
         digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
         known = self._keys.get(job)
         if known is not None and known[0] == digest:
@@ -355,8 +359,16 @@ class ResultCache:
             self._quiet[job] = key
         else:
             narrowed = self._narrowed_quiet(job, text) if facts is None and gate else None
-            if facts is None:
-                facts = narrowed if narrowed is not None else dependency_key(job[0], text, *self._summaries())
+            if facts is None and narrowed is None:
+                if gate and not marked_full(job[0], text, *self._summaries()):
+                    return None  # (not the digest of every import: what the lint asks decides it)
+                facts = recorded_lint_key(found, text) if found is not None and not gate else None
+                if facts is None:
+                    facts = dependency_key(job[0], text, *self._summaries())
+                    if not gate:
+                        mark_full(job[0], text, self.root / "summaries")
+            elif facts is None:
+                facts = narrowed
             if "gradient_checkpointing" in text:  # TL205 reads the project's version pins: their stamps count
                 facts += pins_stamp(job[0])
             key = entry_key(
@@ -428,6 +440,8 @@ class ResultCache:
         data = self._read(quiet) if quiet else None
         if data is None:
             key = self.key(job, text)
+            if key is None:
+                return None  # (its lint records what it asks of the project: ``store`` keys it so)
             if key != quiet and key in self._journaled_keys():
                 self._keys.pop(job, None)
                 return FileResult(job[1]), None
@@ -488,8 +502,13 @@ class ResultCache:
             self._prepare()
             self._write_json(self.root / _RULE_IDS, {"ids": list(ids), "mac": self._ids_mac(list(ids))})
 
-    def store(self, job: Job, text: str, result: FileResult) -> None:
-        """Record the outcome of linting ``text`` (exactly what was linted, not the file as it is now)."""
+    def recording(self, job: Job) -> contextlib.AbstractContextManager[Recording | None]:
+        """What the lint run inside asks of the project (``store``'s key for a file with no record)."""
+        return recording(job[0], self.root / "summaries")
+
+    def store(self, job: Job, text: str, result: FileResult, found: Recording | None = None) -> None:
+        """Record the outcome of linting ``text`` (exactly what was linted, not the file as it is now);
+        ``found``: what that lint asked of the project (``recording``)."""
         if not result.cacheable:
             return  # never cache the tool's own failures
         payload: dict[str, Any] = {
@@ -497,8 +516,9 @@ class ResultCache:
             "errors": [e.to_cache() for e in result.errors],
             "parsed": result.parsed,
         }
-        key = self.key(job, text, gate=False)
+        key = self.key(job, text, gate=False, found=found)
         self._keys.pop(job, None)
+        assert key is not None  # (a store always has one: ``found``'s, or every import's)
         try:
             self._prepare()
             if not (result.findings or result.errors or result.parsed) and self._journal_key(key):

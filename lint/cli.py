@@ -157,12 +157,12 @@ _FROZEN_IN: dict[str, int] = {}
 
 
 def _lint_one(job: Job, cache: ResultCache | None = None, trim: bool = True) -> Outcome:
-    """Worker: read and lint one file, and record the outcome in the cache (from the very text that
-    was linted, so a file edited during the run is never cached under the wrong content). Returns the
-    text only when it is needed for code frames. ``trim``: give the file's memory back to the system
-    (not after a run's last file: what is left of the run, reporting, allocates little, and the trim
-    costs a pre-commit run 3-5 ms)."""
+    """Worker: read and lint one file, and record the outcome in the cache (from the very text linted,
+    so a file edited during the run is never cached under the wrong content) with what the lint asked
+    of the project. Returns the text only when it is needed for code frames. ``trim``: give the file's
+    memory back to the system (not after a run's last file: the trim costs pre-commit 3-5 ms)."""
     import gc
+    from contextlib import nullcontext
 
     from trainlint.engine import lint_text, unreadable, with_configured_severity
 
@@ -180,10 +180,9 @@ def _lint_one(job: Job, cache: ResultCache | None = None, trim: bool = True) -> 
                 with_configured_severity(unreadable(shown, source.error or "unknown error"), options)
             )
         return result, None
-    # The cyclic garbage collector would scan the growing syntax tree over and over while libcst
-    # builds it, for nothing: the engine leaves no cycle behind (FileModel.release), so the tree is
-    # freed by reference counting once the file is done. Objects alive before linting started are
-    # frozen (see _run_jobs): never scanned again.
+    # The cyclic garbage collector would scan libcst's growing tree over and over, for nothing: the
+    # engine leaves no cycle behind (FileModel.release), so reference counting frees the tree once the
+    # file is done. Objects alive before linting started are frozen (_run_jobs): never scanned again.
     collect = gc.isenabled()
     if collect:
         if _FROZEN_IN.get("pid") != os.getpid():
@@ -193,16 +192,17 @@ def _lint_one(job: Job, cache: ResultCache | None = None, trim: bool = True) -> 
                 gc.freeze()
         gc.disable()
     try:
-        result = lint(source.text, shown, options)
+        with cache.recording(job) if cache is not None else nullcontext() as found:
+            result = lint(source.text, shown, options)
     except Exception as exc:  # the engine itself failed on this file: report it, keep going
-        result = FileResult(shown, errors=[internal_error(shown, exc)])
+        result, found = FileResult(shown, errors=[internal_error(shown, exc)]), None
     finally:
         if collect:
             gc.enable()
         if trim:
             give_back_memory()  # what this file's trees took, once it adds up
     if cache is not None:
-        cache.store(job, source.text, result)
+        cache.store(job, source.text, result, found)
     return result, frame_text(fs_path, result.findings, source.text)
 
 

@@ -38,7 +38,7 @@ def _lint(project: Path, cache: Path, capsys) -> list[str]:
 
 
 def _entries(cache: Path) -> list[Path]:
-    return [p for p in cache.rglob("*.json") if len(p.parent.name) == 1]
+    return [p for p in cache.rglob("*.json") if len(p.parent.name) == 1 and "summaries" not in p.parts]
 
 
 def _journals(cache: Path) -> list[Path]:

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainlint.model.index_imports import import_targets, may_receive_scaler, receives_scaler
-from trainlint.model.project import Project, ProjectIndex
+from trainlint.model.project import Project, ProjectIndex, index_for
 from trainlint.model.stamps import answer_digest, collector_paused, file_stamp, recorded_answer
 
 
@@ -135,6 +136,75 @@ def _gathered(
     if keep:
         index.keep_record(slot, folders, found, digests=" ".join(digests), scaler=scaler, **answer)
     return [f"{f}={d}" for f, d in zip(found, digests, strict=True)], scaler
+
+
+@dataclass
+class Recording:
+    """What one lint asked of its project index: the folders whose entries decided its lookups and the
+    files whose facts it read (by stamp, taken before the read)."""
+
+    project: Project
+    folders: dict[str, int] = field(default_factory=dict)
+    files: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def recording(path: str, store: Path) -> Iterator[Recording | None]:
+    """Record what the lint of ``path`` run inside asks of its project (None outside a project, or
+    inside another recording or gathering)."""
+    project = Project.for_file(path, None, store)
+    index = project.index if project is not None else None
+    if project is None or index is None or index._consulted is not None:
+        yield None
+        return
+    found = Recording(project)
+    index._consulted, index._read = found.folders, found.files
+    try:
+        yield found
+    finally:
+        index._consulted = index._read = None
+
+
+def recorded_lint_key(found: Recording, text: str) -> str | None:
+    """The dependency digest of a lint recorded as ``found``: the files it read facts of, by stamp
+    (a depfile, as build systems keep one): what a cold run keys a file with an active rule on, so that
+    it summarises only what the rules looked up, not every import. Kept as the file's record for its
+    text (``recorded_dependency_key`` answers from it); None where it cannot be kept (a stamp too
+    recent to tell a later change apart, or the lint asked another index): the outcome is not stored."""
+    index = found.project.index
+    if index_for(str(index.root)) is not index:
+        return None
+    stamps = [f"{mtime},{size}" for mtime, size in found.files.values()]
+    if not index.keep_record(
+        str(found.project.path),
+        found.folders,
+        found.files,
+        text=index._digest(text),
+        digests=" ".join(stamps),
+        scaler=[],
+    ):
+        return None
+    index.save_manifest()
+    parts = [f"{file}={stamp}" for file, stamp in zip(found.files, stamps, strict=True)]
+    return answer_digest(parts) if parts else ""
+
+
+def mark_full(path: str, text: str, store: Path) -> None:
+    """Note that ``path``'s outcome for this text is stored under its key of every import (its lint was
+    not recorded, or the recording's stamps were too recent to keep): a lookup computes that key then,
+    as it is made from the project's facts as they are (no stamp to trust)."""
+    project = Project.for_file(path, None, store)
+    if project is not None:
+        project.index.keep_record(f"{project.path}\0full", {}, {}, full=project.index._digest(text))
+
+
+def marked_full(path: str, text: str, store: Path, batch: object | None = None) -> bool:
+    """Whether ``mark_full`` was noted for this very text."""
+    project = Project.for_file(path, None, store, batch)
+    if project is None:
+        return False
+    record = project.index.recorded(f"{project.path}\0full", batch)
+    return record is not None and record.get("full") == project.index._digest(text)
 
 
 def _reexported(index: ProjectIndex, package: Path, target: str, importer: Path) -> list[str]:

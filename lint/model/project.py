@@ -84,6 +84,8 @@ class ProjectIndex:
         self._session: tuple[str, float] = ("", 0.0)
         # while a file's dependencies are gathered: each folder a lookup consulted -> its mtime
         self._consulted: dict[str, int] | None = None
+        # while a lint is recorded (``dependency_keys.recording``): each file whose facts it asked for
+        self._read: dict[str, tuple[int, int]] | None = None
         self._records: dict[str, dict[str, Any]] = {}  # slot (a path, a callers question) -> record
         # within one gathering window: lookups answered (with the folders they consulted) and folder
         # modification times, shared by the files whose dependencies are gathered in it
@@ -189,12 +191,13 @@ class ProjectIndex:
 
     def keep_record(
         self, slot: str, folders: dict[str, int], files: dict[str, tuple[int, int]], **answer: Any
-    ) -> None:
+    ) -> bool:
         """Keep ``answer`` with the stamps that decided it, unless one is too recent to tell a later
-        change in the same clock tick apart (as git treats "racy" entries): gathered afresh then."""
+        change in the same clock tick apart (as git treats "racy" entries): gathered afresh then.
+        Whether it was kept."""
         newest = max([*folders.values(), *(mtime for mtime, _ in files.values())], default=-1)
         if newest >= time.time_ns() - 2_000_000_000:
-            return
+            return False
         record = {
             "folders": "\0".join(folders),
             "stamps": " ".join(str(stamp) for stamp in folders.values()),
@@ -205,6 +208,7 @@ class ProjectIndex:
         self._remember(slot, record)
         if self.store is not None:
             write_atomic(self._record_file(slot), json.dumps(record))
+        return True
 
     def _remember(self, slot: str, record: dict[str, Any]) -> dict[str, Any]:
         """Keep a record in memory for the next questions about the same file (its key is computed
@@ -244,9 +248,13 @@ class ProjectIndex:
         try:
             stat = path.stat()
         except OSError:
+            if self._read is not None:
+                self._read.setdefault(str(path), (-1, -1))
             return None
         # an unchanged file (same size and modification time) is not read again
         seen, stamp = self._by_stat.get(str(path)), (stat.st_mtime_ns, stat.st_size)
+        if self._read is not None:  # (its stamp before its text: a change meanwhile fails the record)
+            self._read.setdefault(str(path), stamp)
         if seen is not None and seen[0] == stamp:
             held = mentioning is None or self._by_hash.may_mention(seen[1], mentioning)
             return self._by_hash.get(seen[1]) if held else None  # (a text without the word: not decoded)
@@ -551,6 +559,9 @@ class Project:
             if head.startswith("."):
                 return True
             bases = (self.index.root, self.index.root / "src", self.path.parent)
+            if self.index._consulted is not None:  # (an entry added to one could make it one)
+                for base in bases:
+                    self.index._consulted.setdefault(str(base), folder_mtime(str(base)))
             if any(self.index._may_hold(base, head) for base in bases):
                 return True
         return False

@@ -61,7 +61,8 @@ def test_a_file_no_rule_can_run_on_keeps_its_plain_key(project: Path, tmp_path: 
     assert calls == []
     salted = f"{PLAIN}\0no rules"
     assert plain == cache_module.entry_key(cache.fingerprint, "plain.py", OPTIONS, salted, cache.secret)
-    train = cache.key(job(project, "train.py"), TRAIN)
+    assert cache.key(job(project, "train.py"), TRAIN) is None  # (its lint's recording keys it)
+    train = cache.key(job(project, "train.py"), TRAIN, gate=False)  # (a store without a recording)
     assert [c[0] for c in calls] == [str(project / "train.py")]
     assert train != cache_module.entry_key(
         cache.fingerprint, "train.py", OPTIONS, f"{TRAIN}\0no rules", cache.secret
@@ -88,17 +89,21 @@ def test_a_warm_lookup_of_a_file_no_rule_can_run_on_asks_no_prefilter(
 def test_a_run_computes_each_key_once_for_its_lookup_and_its_store(
     project: Path, tmp_path: Path, monkeypatch
 ) -> None:
-    """A run looks every file up before it lints the misses: the keys are kept until stored."""
+    """A run looks every file up before it lints the misses: a file with an active rule is keyed by
+    its lint's recording, and no key of every import is computed, at the lookup or the store."""
     (project / "step.py").write_text(TRAIN.replace("def train", "def step"))
+    age(project)
     calls = counting(monkeypatch, cache_module, "dependency_key")
     cache = ResultCache(tmp_path / "c")
     jobs = [job(project, "train.py"), job(project, "step.py")]
     texts = [TRAIN, TRAIN.replace("def train", "def step")]
     assert [cache.get(j) for j in jobs] == [None, None]
     for j, text in zip(jobs, texts, strict=True):
-        cache.store(j, text, lint_text(text, j[1], OPTIONS))
-    assert len(calls) == 2
-    assert all(cache.get(j) is not None for j in jobs)  # stored under the keys looked up
+        with cache.recording(j) as found:
+            result = lint_text(text, j[1], OPTIONS)
+        cache.store(j, text, result, found)
+    assert calls == []
+    assert all(cache.get(j) is not None for j in jobs)  # stored under the keys the records give
 
 
 def test_files_no_rule_can_run_on_have_no_finding_of_a_rule() -> None:
