@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from trainlint.model.gate_calls import BINDERS, Bindings, binding, last_name, names_bound_to
 from trainlint.model.gate_sharding_order import Resolve, resolver
 from trainlint.model.pyast import ast_dotted as dotted
+from trainlint.model.pyast import import_bindings
 from trainlint.model.vocab import CHECKPOINT_WRAPPERS, INPUT_GRAD_FIXES
 
 _ARGUMENTS_SUFFIX = "TrainingArguments"  # TL205's ``ARGUMENT_CLASS`` (``TrainingArguments$``)
@@ -235,16 +236,9 @@ class _Wrapped:
         """The names an import binds, with their targets as ``FileModel`` spells them."""
         module = node.module if kind is ast.ImportFrom else None  # type: ignore[attr-defined]
         self.random = self.random or (module is not None and _random_word(module))
-        base = "." * node.level + (module or "") if kind is ast.ImportFrom else ""  # type: ignore[attr-defined]
         for alias in node.names:  # type: ignore[attr-defined]
             self.random = self.random or _random_word(alias.name)
-            if kind is ast.Import:
-                bound = alias.asname or alias.name.partition(".")[0]
-                target = alias.name if alias.asname else bound
-            elif alias.name != "*":
-                bound, target = alias.asname or alias.name, f"{base}.{alias.name}" if base else alias.name
-            else:
-                continue
+        for bound, target in import_bindings(node):  # type: ignore[arg-type]
             self.imports.setdefault(bound, set()).add(target)
 
     def may_report(self, own_wrappers: bool) -> bool:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from trainlint.model.gate_sharding_order import Resolve, resolver
 from trainlint.model.pyast import ast_dotted as dotted
+from trainlint.model.pyast import of_last_tree
 from trainlint.model.vocab import (
     CLIP_FUNCTIONS,
     GRAD_SCALERS,
@@ -373,20 +374,6 @@ def _stepped_again(found: _File, clip: _Call, backwards: list[_Call], steps: Ite
 
 
 # -- the walk --------------------------------------------------------------------------------------------
-# The last tree asked about and its facts: the three checks of one file share one walk.
-_LAST: tuple[ast.Module, _File] | None = None
-
-
-def _found(tree: ast.Module) -> _File:
-    global _LAST
-    last = _LAST
-    if last is not None and last[0] is tree:
-        return last[1]
-    found = _collect(tree)
-    _LAST = (tree, found)
-    return found
-
-
 def _collect(tree: ast.Module) -> _File:
     """One iterative walk: every call with a named callee, with its scope, frames and start, and the
     bindings names resolve by."""
@@ -433,6 +420,9 @@ def _collect(tree: ast.Module) -> _File:
             _bind(node, found)
         extend((child, context) for child in ast.iter_child_nodes(node))
     return found
+
+
+_found = of_last_tree(_collect)  # (the three checks of one file share one walk)
 
 
 def _bind(node: ast.AST, found: _File) -> None:

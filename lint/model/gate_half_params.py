@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import ast
 import builtins
-from typing import Any
 
 from trainlint.model.pyast import ast_dotted as dotted
+from trainlint.model.pyast import of_last_tree
 from trainlint.model.vocab import (
     LOW_PRECISION_DTYPES,
     MASTER_WEIGHT_CALLS,
@@ -235,20 +235,6 @@ def _statement(facts: _Facts, node: ast.stmt, chain: Chain) -> None:
         facts.statements.append((key, value, chain))
 
 
-# The tree asked last and its facts: TL105's checks ask the same tree up to three times (its own
-# findings, the cross-file ones, the callees a cross-file finding may rest on). One tuple, replaced
-# whole: a thread (the language server verifies in one) never reads another tree's facts.
-_LAST: tuple[Any, Any] = (None, None)
-
-
-def _facts_of(tree: ast.Module) -> _Facts:
-    global _LAST
-    last = _LAST
-    if last[0] is not tree:
-        last = _LAST = (tree, _collect(tree))
-    return last[1]
-
-
 def _collect(tree: ast.Module) -> _Facts:
     """One walk: bindings, the statements a conversion may be, calls, defs. The scopes around a node
     (``Chain``) are ``FileModel``'s, which start at the ``def`` (decorators and defaults inside)."""
@@ -285,6 +271,9 @@ def _collect(tree: ast.Module) -> _Facts:
             elif isinstance(value, node_type) and type(value) not in leaves:
                 push((value, chain))
     return facts
+
+
+_facts_of = of_last_tree(_collect)  # (TL105's three checks ask one tree in turn)
 
 
 def _loose_targets(node: ast.AST) -> list[ast.expr]:

@@ -21,9 +21,9 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from trainlint.model.pyast import ast_dotted as dotted
+from trainlint.model.pyast import import_bindings, of_last_tree
 from trainlint.model.vocab import BACKWARD_NAMES, is_step_count_name
 
 # TL302's ``DETACHING_METHODS`` and the builtins of its ``DETACHING_FUNCTIONS``: their result holds no graph
@@ -111,20 +111,13 @@ def total_may_hold_loss_graph(tree: ast.Module) -> bool:
     return _walk_of(tree).may_fire()
 
 
-# The tree walked last and its walk: the engine asks TL302's three checks of one tree (its own findings,
-# the cross-file ones, their callees). One tuple, replaced whole: a thread (the language server verifies
-# in one) never reads another tree's walk.
-_LAST: tuple[Any, Any] = (None, None)
+def _walked(tree: ast.Module) -> _Walk:
+    walk = _Walk(tree)
+    walk.run()
+    return walk
 
 
-def _walk_of(tree: ast.Module) -> _Walk:
-    global _LAST
-    last = _LAST
-    if last[0] is not tree:
-        walk = _Walk(tree)
-        walk.run()
-        last = _LAST = (tree, walk)
-    return last[1]
+_walk_of = of_last_tree(_walked)  # (TL302's three checks: its own findings, the cross-file ones, callees)
 
 
 class _Walk:
@@ -265,15 +258,7 @@ class _Walk:
 
     def _import(self, node: ast.Import | ast.ImportFrom) -> None:
         """The bindings ``FileModel``'s ``visit_Import``/``visit_ImportFrom`` make, with their targets."""
-        base = "." * node.level + (node.module or "") if isinstance(node, ast.ImportFrom) else None
-        for alias in node.names:
-            if base is None:
-                name = alias.asname or alias.name.partition(".")[0]
-                target = alias.name if alias.asname else name
-            elif alias.name != "*":
-                name, target = alias.asname or alias.name, f"{base}.{alias.name}" if base else alias.name
-            else:
-                continue
+        for name, target in import_bindings(node):
             self.imports.setdefault(name, []).append(target)
 
     @staticmethod

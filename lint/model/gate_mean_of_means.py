@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
-from typing import Any
 
 from trainlint.model.gate_calls import BINDERS, Bindings, binding, last_name, names_bound_to
 from trainlint.model.gate_loss_origin import Names, Traced
 from trainlint.model.pyast import ast_dotted as dotted
+from trainlint.model.pyast import of_last_tree
 from trainlint.model.vocab import (
     BACKWARD_NAMES,
     CROSS_ENTROPY_CLASSES,
@@ -353,19 +353,6 @@ def token_mean_callees(tree: ast.Module) -> frozenset[str]:
     return frozenset(traced.found)
 
 
-# The tree asked last and its facts: the file's check, the project's and the callees ask the same tree.
-# One tuple, replaced whole: a thread (the language server verifies in one) never reads another tree's.
-_LAST: tuple[Any, Any] = (None, None)
-
-
-def _facts_of(tree: ast.Module) -> _Facts:
-    global _LAST
-    last = _LAST
-    if last[0] is not tree:
-        last = _LAST = (tree, _walk(tree))
-    return last[1]
-
-
 def _may_have_origin(expr: ast.AST, division: _Division, padding: bool = True) -> bool:
     """``TokenEvidence._origin`` of the dividend may be other than None (it may be a token mean); without
     ``padding``, one with ``elsewhere`` (a call ``_project_origin`` may resolve, maybe through names and
@@ -497,6 +484,9 @@ def _walk(tree: ast.Module) -> _Facts:
                     facts.padding = True  # a string key
     facts.read_names()
     return facts
+
+
+_facts_of = of_last_tree(_walk)  # (the file's check, the project's and the callees ask one tree)
 
 
 def _note_for(node: ast.For | ast.AsyncFor, _scope: _Scope, _statement: ast.AST, facts: _Facts) -> None:

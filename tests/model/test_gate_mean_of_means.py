@@ -255,31 +255,35 @@ def test_every_reported_text_passes_the_check_and_the_findings_do_not_change() -
     assert gate_check_keeps_findings("TL301", mean_of_means_possible, extra) >= len(RULE.invalid) + len(KEPT)
 
 
+# the model comes from another file's builder (pkg/train.py's TL301 finding, line 7)
+BUILDER_PROJECT = {
+    "pkg/__init__.py": "",
+    "pkg/build.py": """
+        from transformers import AutoModelForCausalLM
+
+
+        def build_model(name):
+            return AutoModelForCausalLM.from_pretrained(name)
+        """,
+    "pkg/train.py": """
+        from pkg.build import build_model
+
+        model = build_model("gpt2")
+        for step, batch in enumerate(loader):
+            mask = batch["attention_mask"]
+            loss = model(**batch).loss
+            loss = loss / gradient_accumulation_steps
+            loss.backward()
+        """,
+}
+
+
 def test_a_builder_of_a_language_model_in_another_file_keeps_the_finding(
     tmp_path, monkeypatch, capsys
 ) -> None:
     """The model comes from another file's builder: the file's own tree cannot show it is a language model,
     so the check rules the file out and the cross-file path (``wants_fact``) must take the rule back."""
-    files = {
-        "pkg/__init__.py": "",
-        "pkg/build.py": """
-            from transformers import AutoModelForCausalLM
-
-
-            def build_model(name):
-                return AutoModelForCausalLM.from_pretrained(name)
-            """,
-        "pkg/train.py": """
-            from pkg.build import build_model
-
-            model = build_model("gpt2")
-            for step, batch in enumerate(loader):
-                mask = batch["attention_mask"]
-                loss = model(**batch).loss
-                loss = loss / gradient_accumulation_steps
-                loss.backward()
-            """,
-    }
+    files = BUILDER_PROJECT
     found = lint_project(tmp_path, files, "pkg/train.py", monkeypatch, capsys)
     assert [(f["rule"], f["line"]) for f in found] == [("TL301", 7)]
     train = (tmp_path / "pkg/train.py").read_text()

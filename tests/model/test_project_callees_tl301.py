@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from test_gate_code_s6 import CROSS_FILE as GATE_CODE_CASES
-from test_gate_mean_of_means import ACCUM_LOSS, BASE_TRAINER, BUILDER, TOKEN_MEAN
+from test_gate_mean_of_means import ACCUM_LOSS, BASE_TRAINER, BUILDER_PROJECT, TOKEN_MEAN
 from test_gate_mean_of_means import CROSS_FILE as GATE_CASES
 from test_project_shapes_s5 import BUILDERS, LOOP, MASKED_MEAN_HELPER
 
@@ -91,23 +91,7 @@ PROJECTS += [
         },
         "train.py",
     ),
-    (
-        {
-            "pkg/__init__.py": "",
-            "pkg/build.py": BUILDER.replace("build_lm", "build_model"),
-            "pkg/train.py": """
-                from pkg.build import build_model
-
-                model = build_model("gpt2")
-                for step, batch in enumerate(loader):
-                    mask = batch["attention_mask"]
-                    loss = model(**batch).loss
-                    loss = loss / gradient_accumulation_steps
-                    loss.backward()
-                """,
-        },
-        "pkg/train.py",
-    ),
+    (BUILDER_PROJECT, "pkg/train.py"),
 ]
 
 
