@@ -369,6 +369,7 @@ def discover(
     skipped = excluded if excluded is not None else []
     matcher = exclude_matcher(excludes)
     seen: set[Path] = set()
+    paths = list(paths)  # (one path: a walk yields each file once, no absolute() per file to compare)
     for given, roots in _given_paths(paths, errors):
         kind = _kind(given)
         if kind == "loop":
@@ -424,7 +425,7 @@ def discover(
                         found.append(candidate)
         for name in sorted(found, key=lambda f: f.split(os.sep)):  # the order of Path objects
             candidate = Path(name)
-            key = candidate.absolute()
+            key = candidate.absolute() if len(paths) > 1 else candidate
             if key not in seen:
                 seen.add(key)
                 yield candidate
