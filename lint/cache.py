@@ -502,8 +502,11 @@ class ResultCache:
             self._prepare()
             self._write_json(self.root / _RULE_IDS, {"ids": list(ids), "mac": self._ids_mac(list(ids))})
 
-    def recording(self, job: Job) -> contextlib.AbstractContextManager[Recording | None]:
-        """What the lint run inside asks of the project (``store``'s key for a file with no record)."""
+    def recording(self, job: Job, text: str) -> contextlib.AbstractContextManager[Recording | None]:
+        """What the lint run inside asks of the project (``store``'s key for a file with no record);
+        nothing for a text no rule can run on (its key is its text's alone)."""
+        if "gradient_checkpointing" not in text and not may_run_rules(text, job[2]):
+            return contextlib.nullcontext()
         return recording(job[0], self.root / "summaries")
 
     def store(self, job: Job, text: str, result: FileResult, found: Recording | None = None) -> None:

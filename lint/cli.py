@@ -191,7 +191,7 @@ def _lint_one(job: Job, cache: ResultCache | None = None, trim: bool = True) -> 
                 gc.freeze()
         gc.disable()
     try:
-        with cache.recording(job) if cache is not None else nullcontext() as found:
+        with cache.recording(job, source.text) if cache is not None else nullcontext() as found:
             result = lint(source.text, shown, options)
     except Exception as exc:  # the engine itself failed on this file: report it, keep going
         result, found = FileResult(shown, errors=[internal_error(shown, exc)]), None

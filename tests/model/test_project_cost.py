@@ -99,7 +99,7 @@ def test_a_run_computes_each_key_once_for_its_lookup_and_its_store(
     texts = [TRAIN, TRAIN.replace("def train", "def step")]
     assert [cache.get(j) for j in jobs] == [None, None]
     for j, text in zip(jobs, texts, strict=True):
-        with cache.recording(j) as found:
+        with cache.recording(j, text) as found:
             result = lint_text(text, j[1], OPTIONS)
         cache.store(j, text, result, found)
     assert calls == []
