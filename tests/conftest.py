@@ -96,6 +96,13 @@ def age(root: Path, seconds: float = 3600) -> None:
         os.utime(path, (past, past))
 
 
+def touch(path: Path, seconds: float = 1800) -> None:
+    """Date one file or folder ``seconds`` back: a stamp that moved (after ``age``), still past the
+    racy window."""
+    past = time.time() - seconds
+    os.utime(path, (past, past))
+
+
 def closed_pipe_run(command: list[str], cwd: Path, stderr_too: bool) -> subprocess.CompletedProcess[bytes]:
     """``command`` with stdout (and stderr) a pipe nobody reads: the first write of any output fails."""
     read, write = os.pipe()

@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from model.test_dependency_records import age, touch
+from conftest import age, touch
 
 import trainlint.cache as cache_module
 from trainlint import engine
@@ -102,7 +102,7 @@ def test_a_module_never_asked_about_changed_keeps_the_entry(project, capsys, mon
     linted: list[str] = []
     _run(project, capsys, monkeypatch, linted)
     (project / "other.py").write_text(OTHER.replace("return x", "return x + 1"))
-    touch(project / "other.py", 5)
+    touch(project / "other.py")
     assert _run(project, capsys, monkeypatch, linted)[0] == 1
     assert linted == ["main.py"]  # (the first run's lint only)
 
@@ -113,7 +113,7 @@ def test_a_module_asked_about_changed_is_linted_again(project, capsys, monkeypat
     linted: list[str] = []
     assert _run(project, capsys, monkeypatch, linted)[0] == 1
     (project / "blocks.py").write_text(textwrap.dedent(BLOCKS % 'out["a"] = x'))
-    touch(project / "blocks.py", 5)
+    touch(project / "blocks.py")
     assert _run(project, capsys, monkeypatch, linted)[0] == 0
     assert linted == ["main.py", "main.py"]
     assert _run(project, capsys, monkeypatch, linted)[0] == 0 and len(linted) == 2  # (kept again)
@@ -131,8 +131,8 @@ def test_a_module_added_where_an_import_looks_is_linted_again(project, capsys, m
     linted: list[str] = []
     assert _run(project, capsys, monkeypatch, linted)[0] == 0  # (pkg.blocks: no such module yet)
     (project / "pkg" / "blocks.py").write_text(textwrap.dedent(BLOCKS % 'CACHE["a"] = x'))
-    touch(project / "pkg" / "blocks.py", 5)
-    touch(project / "pkg", 5)
+    touch(project / "pkg" / "blocks.py")
+    touch(project / "pkg")
     assert _run(project, capsys, monkeypatch, linted)[0] == 1
     assert linted == ["main.py", "main.py"]
 

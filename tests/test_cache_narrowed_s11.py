@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from model.test_dependency_records import age, touch
+from conftest import age, touch
 
 from trainlint import engine
 from trainlint.cli import run
@@ -97,7 +97,7 @@ def test_an_unreached_import_changed_keeps_the_entry(project, capsys, monkeypatc
     monkeypatch.chdir(project)
     _lint(project, capsys, monkeypatch)
     (project / "nets.py").write_text(NETS.replace("self.half()", "self.float()"))
-    touch(project / "nets.py", 5)
+    touch(project / "nets.py")
     monkeypatch.setattr(engine, "_code_gate", lambda *a: pytest.fail("gated again"))
     assert _lint(project, capsys, monkeypatch) == ([], [])
 
@@ -106,7 +106,7 @@ def test_a_reached_import_that_now_converts_is_linted_afresh(project, capsys, mo
     monkeypatch.chdir(project)
     assert _lint(project, capsys, monkeypatch)[0] == []
     (project / "helpers.py").write_text(CONVERTS)
-    touch(project / "helpers.py", 5)
+    touch(project / "helpers.py")
     assert _lint(project, capsys, monkeypatch)[0] == ["TL105"]
     assert _lint(project, capsys, monkeypatch)[0] == ["TL105"]  # (from the entry of the full key)
 
