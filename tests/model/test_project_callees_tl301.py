@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 from test_gate_code_s6 import CROSS_FILE as GATE_CODE_CASES
-from test_gate_mean_of_means import ACCUM_LOSS, BASE_TRAINER, BUILDER_PROJECT, TOKEN_MEAN
+from test_gate_mean_of_means import ACCUM_LOSS, BUILDER_PROJECT, TOKEN_MEAN
 from test_gate_mean_of_means import CROSS_FILE as GATE_CASES
-from test_project_shapes_s5 import BUILDERS, LOOP, MASKED_MEAN_HELPER
+from test_project_shapes_s5 import BASE_TRAINER_PROJECT, BUILDERS, LOOP, MASKED_MEAN_HELPER
 
 from trainlint import engine
 from trainlint.engine import lint_text
@@ -54,25 +54,7 @@ PROJECTS += [
 ]
 PROJECTS += [
     ({"builders.py": BUILDERS, "train.py": LOOP.format(builder="build_lm")}, "train.py"),
-    (
-        {
-            "engine/__init__.py": "",
-            "engine/base.py": BASE_TRAINER,
-            "engine/trainer.py": """
-                from engine.base import BaseTrainer
-
-
-                class Trainer(BaseTrainer):
-                    def train_step(self, micro_batches):
-                        for batch in micro_batches:
-                            loss = self.compute_loss(batch)
-                            loss = loss / len(micro_batches)
-                            loss.backward()
-                        self.optimizer.step()
-                """,
-        },
-        "engine/trainer.py",
-    ),
+    (BASE_TRAINER_PROJECT, "engine/trainer.py"),
     (
         {
             "helpers.py": MASKED_MEAN_HELPER,

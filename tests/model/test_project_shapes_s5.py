@@ -142,8 +142,11 @@ def test_tl301_look_alikes_of_the_helper_shape(
     assert where(lint(tmp_path, files, "train.py", monkeypatch, capsys), "TL301") == []
 
 
-def test_tl301_method_of_a_base_class_in_another_file(tmp_path: Path, monkeypatch, capsys) -> None:
-    trainer = """
+# a package's trainer whose loss comes from its base class's method (engine/trainer.py's TL301 finding)
+BASE_TRAINER_PROJECT = {
+    "engine/__init__.py": "",
+    "engine/base.py": BASE_TRAINER,
+    "engine/trainer.py": """
         from engine.base import BaseTrainer
 
 
@@ -154,8 +157,12 @@ def test_tl301_method_of_a_base_class_in_another_file(tmp_path: Path, monkeypatc
                     loss = loss / len(micro_batches)
                     loss.backward()
                 self.optimizer.step()
-        """
-    files = {"engine/__init__.py": "", "engine/base.py": BASE_TRAINER, "engine/trainer.py": trainer}
+        """,
+}
+
+
+def test_tl301_method_of_a_base_class_in_another_file(tmp_path: Path, monkeypatch, capsys) -> None:
+    files = BASE_TRAINER_PROJECT
     found = where(lint(tmp_path, files, "engine/trainer.py", monkeypatch, capsys), "TL301")
     assert found == [("engine/trainer.py", 8, {("engine/trainer.py", 7), ("engine/base.py", 10)})]
 
