@@ -393,15 +393,21 @@ class ResultCache:
     def _narrowed_quiet(self, job: Job, text: str) -> str | None:
         """The dependency digest of a text the gate kept only for cross-file candidates with callees
         (``engine.project_targets``), when the imports reached through those callees give no rule to
-        run: the outcome is no finding, resting on those imports' facts alone (not on every import's:
-        most of a cold run's project index). None otherwise."""
+        run: the outcome is no finding, resting on what that decision read of the project alone (the
+        files it looked definitions up in, by stamp, as ``recorded_lint_key`` keeps a lint's), not on
+        every import's facts (most of a cold run's project index). None otherwise."""
         from trainlint.engine import no_rule_chosen, project_targets  # (loaded by ``_proven_quiet``)
 
         targets = project_targets(text, job[2])
         if targets is None:
             return None
-        facts = dependency_key(job[0], text, *self._summaries(), only=targets)
-        return facts if no_rule_chosen(text, job[0], job[2]) else None
+        with recording(job[0], self.root / "summaries") as found:
+            if not no_rule_chosen(text, job[0], job[2]):
+                return None
+        facts = recorded_lint_key(found, text, narrowed=True) if found is not None else None
+        if facts is None:  # (a stamp too recent to keep: those imports' facts, digested)
+            facts = dependency_key(job[0], text, *self._summaries(), only=targets)
+        return facts
 
     def _summaries(self) -> tuple[Path, object]:
         return self.root / "summaries", self._batch

@@ -57,7 +57,6 @@ if TYPE_CHECKING:  # libcst, the file model, the project index and the rules loa
 
     from trainlint.model import FileModel
     from trainlint.model.project import Fact
-    from trainlint.model.summary import Summary
 
 # Names this module once imported at its top, still its attributes (``__getattr__``), and the module
 # each loads from; its own functions import what they use where they use it.
@@ -371,7 +370,7 @@ def lint_text(text: str, path: str, options: LintOptions) -> FileResult:
         return result  # CPython parsed it (the index's summary of it says so), no rule can run on it
     else:
         active, crossfile, tree, nesting, facts, callees = _code_gate(text, options)
-    run = _rules_to_run(text, path, active, crossfile, callees, verdict.outline if verdict else None, tree)
+    run = _rules_to_run(text, path, active, crossfile, callees, verdict.imports if verdict else None, tree)
     if tree is not None or verdict is not None:
         if not run:
             return result  # CPython parsed it: no syntax error to report, no rule to run
@@ -397,7 +396,7 @@ class _Verdict:
     active: list[Gate]
     crossfile: list[Gate]
     depth: tuple[Nesting | None, CodeFacts | None]
-    outline: Summary | None  # the text's imports (``summary.outline``), where the project is asked
+    imports: list[str] | None  # the text's import targets (``import_targets_of``), where the project is asked
     callees: Callees
 
 
@@ -465,12 +464,12 @@ def outcome_needs_no_project(text: str, options: LintOptions) -> bool:
     if nesting is None:  # (the depth alone: the names' text is not needed after the gate)
         depth, line = (facts.depth, facts.depth_line) if facts is not None else _tree_depth(tree)
         facts = CodeFacts("", depth, line)
-    own = None
+    imports = None
     if any(not g.project_callers for g in crossfile):
-        from trainlint.model.summary import outline
+        from trainlint.model.index_imports import import_targets_of
 
-        own = outline(text, tree)
-    _VERDICTS[(text_digest(text), options)] = _Verdict(active, crossfile, (nesting, facts), own, callees)
+        imports = import_targets_of(text, tree)
+    _VERDICTS[(text_digest(text), options)] = _Verdict(active, crossfile, (nesting, facts), imports, callees)
     return False
 
 
@@ -480,14 +479,14 @@ def project_targets(text: str, options: LintOptions) -> list[str] | None:
     the imports reached through one of them. None where any import may count: an active rule (its
     check may look any imported name up), a candidate without callees or reported at its callers."""
     verdict = _VERDICTS.get((text_digest(text), options))
-    if verdict is None or verdict.active or verdict.outline is None:
+    if verdict is None or verdict.active or verdict.imports is None:
         return None
     names = _reaching(verdict.crossfile, verdict.callees)
     if names is None:
         return None
     from trainlint.model.pyast import reached_through  # (a file with candidates only)
 
-    return sorted({t for t in verdict.outline["imports"].values() if reached_through(t, names)})
+    return [t for t in verdict.imports if reached_through(t, names)]
 
 
 def no_rule_chosen(text: str, path: str, options: LintOptions) -> bool:
@@ -496,7 +495,7 @@ def no_rule_chosen(text: str, path: str, options: LintOptions) -> bool:
     verdict = _VERDICTS.get((text_digest(text), options))
     if verdict is None or verdict.active:
         return False
-    chosen = _rules_to_run(text, path, [], verdict.crossfile, verdict.callees, verdict.outline)
+    chosen = _rules_to_run(text, path, [], verdict.crossfile, verdict.callees, verdict.imports)
     if not chosen:
         _VERDICTS.pop((text_digest(text), options), None)
     return not chosen
@@ -607,14 +606,14 @@ def _rules_to_run(
     active: list[Gate],
     crossfile: list[Gate],
     callees: Callees | None = None,
-    own: Summary | None = None,
+    imports: list[str] | None = None,
     tree: ast.Module | None = None,
 ) -> list[type[Rule]]:
     """The rule classes to run on the file: the ``active`` ones, and those of the ``crossfile``
     candidates (not active, their project prefilter passed) whose cross-file findings the project index
     says are possible, through one of their ``callees`` (the gate's). Loads only those rules' modules.
     ``tree``: the gate's CPython tree of the text, which the index's summary of the file reuses;
-    ``own``: that summary's outline, where the gate kept it without the tree."""
+    ``imports``: the text's import targets, where the gate kept them without the tree."""
     chosen = list(active)
     project = None
     if crossfile:
@@ -625,7 +624,7 @@ def _rules_to_run(
         # findings that rest on another file's facts need less of this file's text; most need an
         # import of a definition with the right facts too (read with ``ast``: cheaper than libcst)
         imported = (
-            project.imported_facts_by_target(text, tree, own, _reaching(crossfile, callees or {}))
+            project.imported_facts_by_target(text, tree, imports, _words_by_target(crossfile, callees or {}))
             if any(not g.project_callers for g in crossfile)
             else []
         )
@@ -647,6 +646,29 @@ def _wants_any(rule: type[Rule], imported: list[tuple[str, Fact]], callees: froz
         rule.wants_fact(f.kind, f.facts) and (callees is None or reached_through(target, callees))
         for target, f in imported
     )
+
+
+def _words_by_target(crossfile: list[Gate], callees: Callees) -> Callable[[str], tuple[str, ...] | None]:
+    """Of an import target, the words one of which another file must hold for its definitions to take
+    part in the cross-file findings of a candidate reached through it (``Rule.fact_words``; none
+    where such a candidate has none); None where no candidate is (one reported at its callers asks
+    for no imported fact)."""
+    from trainlint.model.pyast import reached_through  # (a file with candidates only)
+
+    asking = [(callees.get(g.id), _rule(g.id).fact_words) for g in crossfile if not g.project_callers]
+
+    def words(target: str) -> tuple[str, ...] | None:
+        found: set[str] = set()
+        reached = False
+        for names, own in asking:
+            if names is None or reached_through(target, names):
+                if not own:
+                    return ()
+                reached = True
+                found.update(own)
+        return tuple(sorted(found)) if reached else None
+
+    return words
 
 
 def _rule(rule_id: str) -> type[Rule]:

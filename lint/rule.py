@@ -464,6 +464,10 @@ class Rule:
     # ``wants_fact`` only of the definitions reached through those names (a file that imports a class
     # with the wanted facts but never uses it so is not parsed for the rule).
     project_callees: ClassVar[str] = ""
+    # Words one of which the text of another file must hold for any of its definitions to pass
+    # ``wants_fact`` (the facts it asks for can be written only with one): the index does not summarise a
+    # file without any for the rule's question. Empty: no such words (any file may hold a wanted fact).
+    fact_words: ClassVar[tuple[str, ...]] = ()
     # Text in whose presence the rule reports nothing at all (its ``check`` returns first when the file
     # says it: TL505 and ``set_epoch``): the prefilter rejects the file for the rule.
     excludes: ClassVar[tuple[str, ...]] = ()

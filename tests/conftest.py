@@ -56,6 +56,17 @@ def lint():
     return findings_for
 
 
+def write_project(root: Path, files: dict[str, str]) -> Path:
+    """A project at ``root``: a pyproject.toml and ``files`` (dedented)."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "pyproject.toml").write_text("")
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text).lstrip())
+    return root
+
+
 def lint_project(root: Path, files: dict[str, str], target: str, monkeypatch, capsys) -> list[dict]:
     """Writes a project (a pyproject.toml and ``files``) and lints only ``target`` in it through the
     command line, as pre-commit would: the JSON findings."""
@@ -63,11 +74,7 @@ def lint_project(root: Path, files: dict[str, str], target: str, monkeypatch, ca
 
     from trainlint.cli import run
 
-    (root / "pyproject.toml").write_text("")
-    for name, text in files.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text).lstrip())
+    write_project(root, files)
     monkeypatch.chdir(root)
     capsys.readouterr()
     assert run(["--no-cache", "--format", "json", target]) in (0, 1)

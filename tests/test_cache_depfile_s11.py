@@ -68,9 +68,9 @@ def _run(root: Path, capsys, monkeypatch, linted: list[str]) -> tuple[int, list[
     summarised: list[str] = []
     summary, lint = project_module.ProjectIndex.summary, engine.lint_text
 
-    def noted_summary(self, path, mentioning=None):
+    def noted_summary(self, path, *args, **kwargs):
         summarised.append(Path(path).name)
-        return summary(self, path, mentioning)
+        return summary(self, path, *args, **kwargs)
 
     def noted_lint(text, path, options):
         linted.append(Path(path).name)

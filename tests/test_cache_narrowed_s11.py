@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import age, touch
+from conftest import age, touch, write_project
 
 from trainlint import engine
 from trainlint.cli import run
@@ -45,12 +45,7 @@ CONVERTS = "def to_half(m):\n    m.half()\n    return m\n"
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    root = tmp_path / "p"
-    root.mkdir()
-    (root / "pyproject.toml").write_text("")
-    (root / "train.py").write_text(TRAIN)
-    (root / "nets.py").write_text(NETS)
-    (root / "helpers.py").write_text(KEEPS)
+    root = write_project(tmp_path / "p", {"train.py": TRAIN, "nets.py": NETS, "helpers.py": KEEPS})
     age(root)
     return root
 
@@ -63,9 +58,9 @@ def _lint(root: Path, capsys, monkeypatch) -> tuple[list[str], list[str]]:
     summarised: list[str] = []
     summary = project_module.ProjectIndex.summary
 
-    def noted(self, path, mentioning=None):
+    def noted(self, path, *args, **kwargs):
         summarised.append(Path(path).name)
-        return summary(self, path, mentioning)
+        return summary(self, path, *args, **kwargs)
 
     monkeypatch.setattr(project_module.ProjectIndex, "summary", noted)
     capsys.readouterr()

@@ -6,13 +6,14 @@ of the folders and files they came from so that a warm run checks them with stat
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainlint.model.index_imports import import_targets, may_receive_scaler, receives_scaler
 from trainlint.model.project import Project, ProjectIndex, index_for
-from trainlint.model.stamps import answer_digest, collector_paused, file_stamp, recorded_answer
+from trainlint.model.stamps import answer_digest, collector_paused, file_stamp, find_root, recorded_answer
 
 
 def dependency_key(
@@ -51,6 +52,8 @@ def _key(
     only: list[str] | None = None,
     narrowed: bool = False,
 ) -> str | None:
+    if recorded_only and not _may_be_recorded(path, store, batch):
+        return None  # (no record to check: most files of a cold run)
     project = Project.for_file(path, None, store, batch)
     if project is None:
         return ""
@@ -63,6 +66,15 @@ def _key(
             parts.append(f"callers:{name}={_callers_digest(project, name, batch)}")
     project.index.save_manifest()
     return answer_digest(parts) if parts else ""
+
+
+def _may_be_recorded(path: str, store: Path | None, batch: object | None) -> bool:
+    """Whether the index of the file's project holds a record for it: its journal's slot names, read
+    once, in memory (True outside a project: ``_key`` answers then)."""
+    root = find_root(path, batch)
+    if root is None or store is None:
+        return True
+    return index_for(str(root), str(store)).holds_record(os.path.abspath(path))
 
 
 def _dependencies(
@@ -165,12 +177,14 @@ def recording(path: str, store: Path) -> Iterator[Recording | None]:
         index._consulted = index._read = None
 
 
-def recorded_lint_key(found: Recording, text: str) -> str | None:
+def recorded_lint_key(found: Recording, text: str, narrowed: bool = False) -> str | None:
     """The dependency digest of a lint recorded as ``found``: the files it read facts of, by stamp
     (a depfile, as build systems keep one): what a cold run keys a file with an active rule on, so that
     it summarises only what the rules looked up, not every import. Kept as the file's record for its
     text (``recorded_dependency_key`` answers from it); None where it cannot be kept (a stamp too
-    recent to tell a later change apart, or the lint asked another index): the outcome is not stored."""
+    recent to tell a later change apart, or the lint asked another index): the outcome is not stored.
+    ``narrowed``: ``found`` recorded the engine's choice of rules, which chose none (a record that
+    answers the lookups asking for a narrowed key only)."""
     index = found.project.index
     if index_for(str(index.root)) is not index:
         return None
@@ -179,7 +193,7 @@ def recorded_lint_key(found: Recording, text: str) -> str | None:
         str(found.project.path),
         found.folders,
         found.files,
-        text=index._digest(text),
+        **{"narrowed" if narrowed else "text": index._digest(text)},
         digests=" ".join(stamps),
         scaler=[],
     ):

@@ -37,7 +37,34 @@ def import_targets(text: str) -> list[str] | None:
     them (``import a.b`` -> ``a``, ``import a.b as c`` -> ``a.b``, ``from .m import f`` -> ``.m.f``),
     sorted and without repeats; maybe more (statements inside strings), never fewer. None when a
     statement could not be read in place: the caller parses the file."""
-    found: set[str] = set()
+    found = _bindings(text)
+    return None if found is None else sorted({target for _, target in found})
+
+
+def import_targets_of(text: str, tree: ast.Module) -> list[str]:
+    """``import_targets``, or where a statement cannot be read in place, those of the text's tree (the
+    engine's gate has parsed it)."""
+    found = import_targets(text)
+    if found is not None:
+        return found
+    from trainlint.model.summary import outline  # (a statement read in place is the rule)
+
+    own = outline(text, tree)
+    return sorted(set(own["imports"].values())) if own is not None else []
+
+
+def imports_name(text: str, name: str) -> bool | None:
+    """Whether an import statement of the text binds ``name`` (``import a.b`` binds ``a``, ``from m
+    import f as g`` binds ``g``); maybe True where none does (a statement inside a string), never
+    False where one does; None as for ``import_targets``."""
+    found = _bindings(text, name)
+    return None if found is None else any(bound == name for bound, _ in found)
+
+
+def _bindings(text: str, mentioning: str | None = None) -> set[tuple[str, str]] | None:
+    """(name bound, dotted target) of every import statement read in place (``mentioning``: of those
+    whose text holds that word only); None as for ``import_targets``."""
+    found: set[tuple[str, str]] = set()
     covered = 0  # the end of the last statement read (its trailing comment may say "import")
     for at in _words(text):
         if at < covered:
@@ -57,12 +84,14 @@ def import_targets(text: str) -> list[str] | None:
             return None
         begin = start + shape.start(2) if shape.group(2) else at
         statement, covered = _statement(text, begin)
+        if mentioning is not None and statement is not None and mentioning not in statement:
+            continue
         # (an identifier beyond ASCII is normalised by the parser: a full-width ``mod`` imports ``mod``)
         targets = _read(statement) if statement is not None and statement.isascii() else None
         if targets is None:
             return None
         found.update(targets)
-    return sorted(found)
+    return found
 
 
 def _words(text: str) -> Iterator[int]:
@@ -129,8 +158,8 @@ def _statement(text: str, begin: int) -> tuple[str | None, int]:
     return ("".join(out) if depth == 0 else None), index
 
 
-def _read(statement: str) -> list[str] | None:
-    """The targets of one import statement's text; None when it is not one."""
+def _read(statement: str) -> list[tuple[str, str]] | None:
+    """The (name bound, target) pairs of one import statement's text; None when it is not one."""
     simple = _SIMPLE_FROM.fullmatch(statement)
     if simple is not None:
         dots, module, names = simple.groups()
@@ -148,29 +177,34 @@ def _read(statement: str) -> list[str] | None:
         return None
     node = body[0]
     if isinstance(node, ast.Import):
-        return [alias.name if alias.asname else alias.name.split(".")[0] for alias in node.names]
+        return [
+            (alias.asname, alias.name) if alias.asname else (alias.name.split(".")[0],) * 2
+            for alias in node.names
+        ]
     base = "." * node.level + (node.module or "")
-    return [_joined(base, alias.name) for alias in node.names if alias.name != "*"]
+    return [
+        (alias.asname or alias.name, _joined(base, alias.name)) for alias in node.names if alias.name != "*"
+    ]
 
 
-def _from_targets(base: str, names: str) -> list[str] | None:
+def _from_targets(base: str, names: str) -> list[tuple[str, str]] | None:
     out = []
     for part in names.split(","):
         alias = _ALIAS.fullmatch(part)
         if alias is None or "." in alias.group(1) or not base:
             return None  # (``from m import a.b`` is no statement: parsed, it is rejected)
-        out.append(_joined(base, alias.group(1)))
+        out.append((alias.group(2) or alias.group(1), _joined(base, alias.group(1))))
     return out
 
 
-def _import_targets(names: str) -> list[str] | None:
+def _import_targets(names: str) -> list[tuple[str, str]] | None:
     out = []
     for part in names.split(","):
         alias = _ALIAS.fullmatch(part)
         if alias is None or alias.group(1).startswith(".") or alias.group(1).endswith("."):
             return None
         name = alias.group(1)
-        out.append(name if alias.group(2) else name.split(".")[0])
+        out.append((alias.group(2), name) if alias.group(2) else (name.split(".")[0],) * 2)
     return out
 
 

@@ -20,17 +20,18 @@ from __future__ import annotations
 
 import ast
 import functools
-import hashlib
 import json
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainlint.model.index_imports import imports_name
+from trainlint.model.index_journals import IndexJournals
 from trainlint.model.index_memory import Shelf
-from trainlint.model.pyast import reached_through
 from trainlint.model.stamps import (
     RunStamps,
     answer_digest,
@@ -38,7 +39,6 @@ from trainlint.model.stamps import (
     find_root,
     folder_mtime,
     note_parsed,
-    split_joined,
     text_digest,
     write_atomic,
 )
@@ -49,8 +49,6 @@ _SKIP_DIRS = frozenset(
 )
 _IMPORT_HEAD = re.compile(r"^[ \t]*(?:from[ \t]+(\.+|\w+)|import[ \t]+(\w+))", re.MULTILINE)
 _MAX_FILES = 5000  # a walk that finds more stops there: an index is a help, never a hang
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_RECORDS_KEPT = 16  # dependency records held in memory (see ProjectIndex._remember)
 
 
 @dataclass(frozen=True)
@@ -63,7 +61,7 @@ class Fact:
     facts: dict[str, Any]
 
 
-class ProjectIndex:
+class ProjectIndex(IndexJournals):
     """Summaries of one project's files, read on demand and memoised by text hash: in memory, and in
     ``store`` (a folder of small JSON files named by the hash) when the result cache gives one."""
 
@@ -79,6 +77,7 @@ class ProjectIndex:
         self._modules: dict[tuple[str, str], Path | None] = {}
         self._real_root = os.path.realpath(root)
         self._real_folders: dict[str, str] = {}
+        self._checked: set[str] = set()  # folders whose listing was checked against their mtime
         self._stamps: dict[str, list[Any]] | None = None  # the manifest: path -> [mtime, size, facts]
         self._unsaved: list[str] = []
         self._session: tuple[str, float] = ("", 0.0)
@@ -87,6 +86,7 @@ class ProjectIndex:
         # while a lint is recorded (``dependency_keys.recording``): each file whose facts it asked for
         self._read: dict[str, tuple[int, int]] | None = None
         self._records: dict[str, dict[str, Any]] = {}  # slot (a path, a callers question) -> record
+        self._journal: dict[str, str] | None = None  # the records' journal: slot name -> JSON text
         # within one gathering window: lookups answered (with the folders they consulted) and folder
         # modification times, shared by the files whose dependencies are gathered in it
         self._asked: dict[tuple[str, str], tuple[Path | None, dict[str, int]]] = {}
@@ -95,6 +95,8 @@ class ProjectIndex:
         self._digested: dict[str, str] = {}  # facts digests taken in this batch: path -> digest
         self._batch: object | None = None
         self._stamped = RunStamps()  # the stamps ``recorded`` compares
+        # (path, stamp, words, name) of the files ``summary`` found to hold no fact asked for
+        self._lacking: set[tuple[str, tuple[int, int], tuple[str, ...], str | None]] = set()
 
     def forget_paths(self, path: str) -> None:
         """Start a new file's lint: resolutions are kept only for the same file within a second (its
@@ -103,148 +105,20 @@ class ProjectIndex:
         if self._session[0] != path or now - self._session[1] > 1.0:
             self._modules.clear()
             self._real_folders.clear()
+            self._checked.clear()
             self._session = (path, now)
 
-    # -- the manifest: each file's facts digest by its modification time and size ----------------------
-    # One journal per project in the store, read once per process: a warm run that names one file
-    # digests its imports' facts from stat calls, reading no other file. Lines are appended (a line
-    # that two writers garble is skipped on reading, which only costs speed) and the journal is
-    # rewritten when it holds more stale lines than live ones.
-    def _manifest(self) -> dict[str, list[Any]]:
-        if self._stamps is not None:
-            return self._stamps
-        self._stamps, lines = {}, 0
-        path = self._manifest_path()
-        try:
-            text = path.read_text(encoding="utf-8") if path is not None else ""
-        except (OSError, UnicodeDecodeError):
-            text = ""
-        for line in text.splitlines():
-            lines += 1
-            try:
-                name, mtime, size, facts = json.loads(line)
-            except (ValueError, TypeError):
-                continue
-            self._stamps[name] = [mtime, size, facts]
-        if path is not None and lines > 2 * len(self._stamps) + 1000:
-            self._rewrite_manifest(path)
-        return self._stamps
-
-    def _manifest_path(self) -> Path | None:
-        if self.store is None:
-            return None
-        return self.store / f"manifest-{hashlib.sha256(str(self.root).encode()).hexdigest()[:16]}.jsonl"
-
-    def _rewrite_manifest(self, path: Path) -> None:
-        assert self._stamps is not None
-        body = "".join(json.dumps([name, *entry]) + "\n" for name, entry in self._stamps.items())
-        try:
-            temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            temporary.write_text(body, encoding="utf-8")
-            os.replace(temporary, path)
-        except OSError:
-            pass
-
-    def save_manifest(self) -> None:
-        """Append the digests computed since the last save to the project's journal."""
-        path = self._manifest_path()
-        if path is None or not self._unsaved:
-            return
-        body, self._unsaved = "".join(self._unsaved).encode("utf-8", "surrogatepass"), []
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW, 0o600)
-        except OSError:
-            return
-        try:
-            os.write(descriptor, body)
-        except OSError:
-            pass
-        finally:
-            os.close(descriptor)
-
-    # -- records: the files a file's key rests on, valid while nothing they came from has moved --------
-    # Gathering a file's dependencies resolves the imports of every package ``__init__`` on the way,
-    # for every file, and its GradScaler callers summarise the whole project: most of a warm run. A
-    # record keeps such an answer with what decided it: the modification times of the folders the
-    # lookups and the walk consulted (an entry added, removed or renamed changes them) and the stamps
-    # (mtime, size) of the files read. Checking it is one stat call per folder and file (stamps kept
-    # as one string each: one comparison, and fast to read); any difference gathers afresh.
-    def recorded(self, slot: str, batch: object | None = None) -> dict[str, Any] | None:
-        """The record under ``slot`` while every stamp in it holds (``RunStamps``: ``batch``), else None."""
-        record = self._records.get(slot)
-        if record is None:
-            record = self._remember(slot, self._read_record(slot) or {})
-        stamped = self._stamped
-        stamped.start(batch)
-        try:
-            if " ".join(map(stamped.folder, split_joined(record["folders"]))) != record["stamps"]:
-                return None
-            files, stamps = split_joined(record["files"]), split_joined(record["file_stamps"], " ")
-            if len(files) != len(stamps) or any(
-                stamped.file(f) != s for f, s in zip(files, stamps, strict=True)
-            ):
-                return None
-        except (ValueError, TypeError, KeyError, AttributeError):
-            return None
-        return record
-
-    def keep_record(
-        self, slot: str, folders: dict[str, int], files: dict[str, tuple[int, int]], **answer: Any
-    ) -> bool:
-        """Keep ``answer`` with the stamps that decided it, unless one is too recent to tell a later
-        change in the same clock tick apart (as git treats "racy" entries): gathered afresh then.
-        Whether it was kept."""
-        newest = max([*folders.values(), *(mtime for mtime, _ in files.values())], default=-1)
-        if newest >= time.time_ns() - 2_000_000_000:
-            return False
-        record = {
-            "folders": "\0".join(folders),
-            "stamps": " ".join(str(stamp) for stamp in folders.values()),
-            "files": "\0".join(files),
-            "file_stamps": " ".join(f"{mtime},{size}" for mtime, size in files.values()),
-            **answer,
-        }
-        self._remember(slot, record)
-        if self.store is not None:
-            write_atomic(self._record_file(slot), json.dumps(record))
-        return True
-
-    def _remember(self, slot: str, record: dict[str, Any]) -> dict[str, Any]:
-        """Keep a record in memory for the next questions about the same file (its key is computed
-        when the cache is asked and again when the result is stored): only the latest ones, since a
-        record lists every folder consulted (about 100 KB each in diffusers, whose ``__init__``
-        imports the whole package) and the stored ones are on disk."""
-        while len(self._records) >= _RECORDS_KEPT:
-            del self._records[next(iter(self._records))]
-        self._records[slot] = record
-        return record
-
-    def update_record(self, slot: str, **answer: Any) -> None:
-        """Change the answer of a record that still holds (its stamps stay those that decided it)."""
-        if slot not in self._records:
-            return
-        record = self._remember(slot, {**self._records[slot], **answer})
-        if self.store is not None:
-            write_atomic(self._record_file(slot), json.dumps(record))
-
-    def _record_file(self, slot: str) -> Path:
-        assert self.store is not None
-        name = hashlib.sha256(f"{self.root}\0{slot}".encode("utf-8", "surrogatepass")).hexdigest()[:32]
-        return self.store / "deps" / name[:1] / f"{name}.json"
-
-    def _read_record(self, slot: str) -> dict[str, Any] | None:
-        if self.store is None:
-            return None
-        try:
-            record = json.loads(self._record_file(slot).read_text(encoding="utf-8"))
-        except (OSError, ValueError, RecursionError):
-            return None
-        return record if isinstance(record, dict) else None
-
-    def summary(self, path: Path, mentioning: str | None = None) -> Summary | None:
+    def summary(
+        self,
+        path: Path,
+        mentioning: str | None = None,
+        holding: tuple[str, ...] = (),
+        bound: str | None = None,
+    ) -> Summary | None:
         """A file's summary. ``mentioning``: None, without summarising it, when its text does not hold
-        that word (a question about one name: most files cannot answer it)."""
+        that word (a question about one name: most files cannot answer it). ``holding``: None, without
+        summarising it, when no fact the question wants can be in its text (``may_hold_facts``, with
+        ``bound``)."""
         try:
             stat = path.stat()
         except OSError:
@@ -258,11 +132,19 @@ class ProjectIndex:
         if seen is not None and seen[0] == stamp:
             held = mentioning is None or self._by_hash.may_mention(seen[1], mentioning)
             return self._by_hash.get(seen[1]) if held else None  # (a text without the word: not decoded)
+        question = (str(path), stamp, holding, bound)
+        if holding and question in self._lacking:
+            return None
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError, ValueError):
             return None
         if mentioning is not None and mentioning not in text:
+            return None
+        if holding and not may_hold_facts(text, holding, bound):
+            if len(self._lacking) >= _LACKING_KEPT:
+                self._lacking.clear()
+            self._lacking.add(question)  # (the files of a package ask the same of its modules)
             return None
         summary = self.summary_of(text)
         self._by_stat[str(path)] = (stamp, self._digest(text))
@@ -467,14 +349,13 @@ class ProjectIndex:
         folder's modification time stays the same)."""
         key = str(folder)
         known = self._listings.get(key)
-        if known is not None and key in self._real_folders:
+        if known is not None and key in self._checked:
             return head in known[1] or f"{head}.py" in known[1]  # checked already for this file
         try:
             stamp = os.stat(key).st_mtime_ns
         except OSError:
             return False
-        if key not in self._real_folders:  # (not ``setdefault``: its argument is a realpath each time)
-            self._real_folders[key] = os.path.realpath(key)
+        self._checked.add(key)
         if known is None or known[0] != stamp:
             try:
                 names = frozenset(os.listdir(key))
@@ -497,7 +378,24 @@ class ProjectIndex:
         return real == self._real_root or real.startswith(self._real_root.rstrip(os.sep) + os.sep)
 
 
+_LACKING_KEPT = 8192
 _STORED: dict[str, ProjectIndex] = {}  # root -> the latest index with a store (the result cache's)
+
+
+def may_hold_facts(text: str, words: tuple[str, ...], bound: str | None = None) -> bool:
+    """Whether the summary of ``text`` may hold a fact that can be written only with one of ``words``
+    (``Rule.fact_words``), or an import binding the name ``bound`` (a lookup of that name in the file
+    follows such an import to another file, whose facts may be wanted)."""
+    # (the parser normalises non-ASCII identifiers, so such a text may spell a word otherwise)
+    if not text.isascii() or any(word in text for word in words):
+        return True
+    if bound is None or bound not in text:
+        return False
+    imported = imports_name(text, bound)  # (read in place; None: a statement it could not read)
+    if imported is None:
+        outlined = outline(text)
+        imported = outlined is not None and bound in outlined["imports"]
+    return imported
 
 
 @functools.lru_cache(maxsize=16)
@@ -534,6 +432,9 @@ class Project:
     # (a Project lives for one file's lint, in which files do not change: see ``_summary``)
     _summaries: dict[str, Summary | None] = field(default_factory=dict)
     _reals: dict[str, str] = field(default_factory=dict)
+    # while a question wants only facts written with one of these words (``Rule.fact_words``): a file
+    # holding none of them is not summarised for it (its definitions count as none)
+    fact_words: tuple[str, ...] = ()
 
     @classmethod
     def for_file(
@@ -567,47 +468,60 @@ class Project:
         return False
 
     def imported_facts(
-        self, text: str, tree: ast.Module | None = None, own: Summary | None = None
+        self, text: str, tree: ast.Module | None = None, imports: list[str] | None = None
     ) -> list[Fact]:
         """The functions and classes of other project files that the text imports: a name imported
         from a module, or every definition of a module imported whole. ``tree``: the text's CPython
-        tree, where the caller has parsed it (the engine's gate has); ``own``: its outline, where the
-        caller made it (``summary.outline``)."""
-        return [fact for _, fact in self.imported_facts_by_target(text, tree, own)]
+        tree, where the caller has parsed it (the engine's gate has); ``imports``: its import targets,
+        where the caller has read them (``index_imports.import_targets_of``)."""
+        return [fact for _, fact in self.imported_facts_by_target(text, tree, imports)]
 
     def imported_facts_by_target(
         self,
         text: str,
         tree: ast.Module | None = None,
-        own: Summary | None = None,
-        reaching: frozenset[str] | None = None,
+        imports: list[str] | None = None,
+        words: Callable[[str], tuple[str, ...] | None] | None = None,
     ) -> list[tuple[str, Fact]]:
         """``imported_facts``, each with the import target it was reached through (``pkg.mod.f``, or
-        the module ``pkg.mod`` for a module imported whole). ``reaching``: only of the imports
-        through which one of these callees is reached (``pyast.reached_through``; None: all)."""
+        the module ``pkg.mod`` for a module imported whole). ``words``: of a target, the words one
+        of which a file must hold for its definitions to be asked for (``fact_words``; none: any
+        file's), or None where none of them are (the target is not looked up)."""
         if not self.imports_from_project(text):
             return []
-        own = own or self.index.outline_of(text, tree)
+        if imports is None:
+            own = self.index.outline_of(text, tree)
+            imports = list(own["imports"].values()) if own else []
         out: list[tuple[str, Fact]] = []
-        for target in own["imports"].values() if own else ():
-            if reaching is not None and not reached_through(target, reaching):
-                continue  # (not summarised: none of its definitions could count)
-            fact = self.lookup(target)
-            if fact is not None:
-                out.append((target, fact))
-                continue
-            file = self.index.module_file(target, self.path)
-            summary = self._summary(file) if file is not None else None
-            if summary is not None:
-                out += [(target, Fact(str(file), n, "function", f)) for n, f in summary["functions"].items()]
-                out += [(target, Fact(str(file), n, "class", f)) for n, f in summary["classes"].items()]
+        try:
+            for target in imports:
+                wanted = words(target) if words is not None else ()
+                if wanted is None:
+                    continue  # (not summarised: none of its definitions could count)
+                self.fact_words = wanted
+                out += self._imported_definitions(target)
+        finally:
+            self.fact_words = ()
         return out
+
+    def _imported_definitions(self, target: str) -> list[tuple[str, Fact]]:
+        """The definition an import target names, or every definition of the module it names."""
+        fact = self.lookup(target)
+        if fact is not None:
+            return [(target, fact)]
+        file = self.index.module_file(target, self.path)
+        summary = self._summary(file) if file is not None else None
+        if summary is None:
+            return []
+        return [(target, Fact(str(file), n, "function", f)) for n, f in summary["functions"].items()] + [
+            (target, Fact(str(file), n, "class", f)) for n, f in summary["classes"].items()
+        ]
 
     def lookup(self, target: str, *, importer: Path | None = None, depth: int = 0) -> Fact | None:
         """The function or class an imported dotted name (``pkg.mod.func``, ``..mod.Class.method``)
         refers to, following re-exports (``from .mod import func`` in a package's ``__init__``)."""
         importer = importer or self.path
-        question = f"lookup:{importer}:{target}"
+        question = f"lookup:{importer}:{target}:{self.fact_words}"
         if question in self._answers:
             return self._answers[question]
         answer = self._answers[question] = self._lookup(target, importer, depth)
@@ -624,10 +538,10 @@ class Project:
             file = self.index.module_file(module, importer)
             if file is None or self._real(file) == self._real(self.path):
                 continue
-            summary = self._summary(file)
+            name = ".".join(parts[cut:])
+            summary = self._summary(file, bound=parts[cut])
             if summary is None:
                 return None
-            name = ".".join(parts[cut:])
             if name in summary["functions"]:
                 return Fact(str(file), name, "function", summary["functions"][name])
             if name in summary["classes"]:
@@ -683,12 +597,14 @@ class Project:
             self._reals[str(path)] = self.index.real_path(str(path))
         return self._reals[str(path)]
 
-    def _summary(self, path: Path) -> Summary | None:
+    def _summary(self, path: Path, bound: str | None = None) -> Summary | None:
         """``ProjectIndex.summary``, asked once per file while this file is linted (not with a stat
-        call for each name the rules resolve through it)."""
-        if str(path) not in self._summaries:
-            self._summaries[str(path)] = self.index.summary(path)
-        return self._summaries[str(path)]
+        call for each name the rules resolve through it). ``bound``: the name a lookup asks the file
+        for, which it may import (with ``fact_words``)."""
+        slot = f"{path}\0{bound}\0{self.fact_words}" if self.fact_words else str(path)
+        if slot not in self._summaries:
+            self._summaries[slot] = self.index.summary(path, holding=self.fact_words, bound=bound)
+        return self._summaries[slot]
 
     def _files(self) -> list[Path]:
         if self._walked is None:

@@ -9,6 +9,7 @@ import gc
 import hashlib
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from stat import S_ISDIR
@@ -39,21 +40,39 @@ def note_parsed(digest: str) -> None:
 
 def text_digest(text: str) -> str:
     """The digest a text is known by (its summary's name in the store)."""
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    # (the same text object is asked again by each step of its lookup and lint: the gate, the verdict,
+    # the project's questions; a few kept by identity spare hashing it each time)
+    known = _DIGESTS.get(id(text))
+    if known is not None and known[0] is text:
+        return known[1]
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    if len(_DIGESTS) >= 4:
+        del _DIGESTS[next(iter(_DIGESTS))]
+    _DIGESTS[id(text)] = (text, digest)
+    return digest
+
+
+_DIGESTS: dict[int, tuple[str, str]] = {}  # id -> (the text, held so that its id is not reused, digest)
 
 
 def find_root(path: str | os.PathLike[str], batch: object | None = None) -> Path | None:
     """The project folder of a file: the nearest folder at or above it with a root marker. ``batch``:
-    a token shared by the lookups of one run (see ``dependency_key``), which ask each folder once."""
+    a token shared by the lookups of one run (see ``dependency_key``), which ask each folder once.
+    Without one, the answer for a folder is kept for a second (the steps of one file's lookup and
+    lint ask it in turn; ``ProjectIndex.forget_paths`` keeps its resolutions so)."""
     folder = os.path.dirname(os.path.abspath(path))
     if batch is None:
-        return _find_root(folder, {})
+        now = time.monotonic()
+        if _LAST_ROOT[0] != folder or now - _LAST_ROOT[1] > 1.0:
+            _LAST_ROOT[:] = [folder, now, _find_root(folder, {})]
+        return _LAST_ROOT[2]
     if _ROOTS[0] is not batch:
         _ROOTS[:] = [batch, {}]
     return _find_root(folder, _ROOTS[1])
 
 
 _ROOTS: list[Any] = [None, {}]  # the batch whose roots are known, and its folders' roots
+_LAST_ROOT: list[Any] = ["", 0.0, None]  # the folder last asked without a batch, when, its root
 
 
 def _find_root(folder: str, known: dict[str, Path | None]) -> Path | None:

@@ -62,6 +62,7 @@ class LossAccumulatedWithGraph(Rule):
     # a cross-file finding asks only about what those calls (their instances' classes, ``self``'s bases)
     # resolve to: an imported helper that returns its loss, reached through none of them, plays no part
     project_callees = "gate_loss_totals.kept_loss_callees"
+    fact_words = ("backward",)  # (a returned loss is one whose `.backward()` the function called)
 
     @classmethod
     def wants_fact(cls, kind: str, facts: dict[str, Any]) -> bool:

@@ -77,6 +77,8 @@ class CheckpointRngNotPreserved(Rule):
     # is not known, any imported class (so every import). A file importing a wrapper it never calls
     # with something random is then not parsed for the rule.
     project_callees = "gate_checkpoint_misc.rng_wrapper_callees"
+    # A wanted class makes a dropout submodule; a wanted function passes `preserve_rng_state=`.
+    fact_words = ("ropout", "preserve_rng_state")
 
     @classmethod
     def wants_fact(cls, kind: str, facts: dict[str, Any]) -> bool:

@@ -59,7 +59,7 @@ def test_a_warm_key_comes_from_the_record_without_gathering(src_layout, tmp_path
     _root, main, text = src_layout
     store = tmp_path / "store"
     first = fresh_key(main, text, store)
-    assert first and list((store / "deps").rglob("*.json"))
+    assert first and list(store.glob("records-*.jsonl"))
 
     def gather(*_args: object) -> None:
         raise AssertionError("gathered although the record holds")
@@ -116,18 +116,49 @@ def test_a_reexporting_init_edited_changes_the_key(tmp_path: Path) -> None:
     assert fresh_key(main, text, store) == reference_key(main, text, tmp_path) != changed
 
 
+def _the_record(store: Path) -> tuple[Path, str, str, str]:
+    """The records' journal of a store holding one record: its path, its line, the slot's name, the
+    record's JSON text."""
+    (journal,) = store.glob("records-*.jsonl")
+    (line,) = journal.read_text().splitlines()
+    name, _, body = line.partition("\t")
+    return journal, line, name, body
+
+
 def test_a_damaged_record_is_gathered_afresh(src_layout, tmp_path: Path) -> None:
     _root, main, text = src_layout
     store = tmp_path / "store"
     first = fresh_key(main, text, store)
-    (record,) = (store / "deps").rglob("*.json")
-    for damage in ("{", json.dumps({"text": "x"}), json.dumps([1]), '{"text": 1, "folders": 2}'):
-        record.write_text(damage)
+    journal, _line, name, body = _the_record(store)
+    for damage in ("{", json.dumps({"text": "x"}), json.dumps([1]), '{"text": 1, "folders": 2}', "\t"):
+        journal.write_text(f"{name}\t{damage}\n")
         assert fresh_key(main, text, store) == first
-    payload = json.loads(record.read_text())
+    payload = json.loads(body)
     payload["digests"] += " extra"  # not one digest per file
-    record.write_text(json.dumps(payload))
+    journal.write_text(f"{name}\t{json.dumps(payload)}\n")
     assert fresh_key(main, text, store) == first
+
+
+def test_the_latest_line_of_a_slot_is_its_record(src_layout, tmp_path: Path, monkeypatch) -> None:
+    """Records are appended: a later line for the same file replaces an earlier one, garbled lines
+    are skipped, and a journal mostly of stale lines is rewritten with the live ones."""
+    _root, main, text = src_layout
+    store = tmp_path / "store"
+    first = fresh_key(main, text, store)
+    journal, line, name, body = _the_record(store)
+    stale = json.dumps({**json.loads(body), "file_stamps": "1,1"})  # (its file was not so: no record)
+    journal.write_text(f"{name}\t{stale}\n" * 1200 + "garbled\n" + line + "\n")
+
+    def gather(*_args: object) -> None:
+        raise AssertionError("gathered although the latest record holds")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(project_module.ProjectIndex, "imported_file", gather)
+        assert fresh_key(main, text, store) == first
+    assert journal.read_text() == line + "\n"
+    journal.write_text(line + "\n" + f"{name}\t{stale}\n")
+    assert fresh_key(main, text, store) == first  # (gathered afresh, and recorded again)
+    assert journal.read_text().splitlines()[-1] == line
 
 
 def test_a_just_written_tree_is_not_recorded(tmp_path: Path) -> None:
@@ -139,7 +170,7 @@ def test_a_just_written_tree_is_not_recorded(tmp_path: Path) -> None:
     text = "from helpers import convert\n"
     (root / "main.py").write_text(text)
     assert fresh_key(root / "main.py", text, store)
-    assert not (store / "deps").exists()
+    assert not list(store.glob("records-*"))
 
 
 def test_callers_of_a_scaler_taking_function_come_from_a_record_until_the_project_changes(

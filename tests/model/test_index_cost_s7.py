@@ -62,7 +62,7 @@ def test_the_kept_verdict_asks_the_project_without_a_parse(tmp_path: Path, monke
     forget_indexes()
     assert not outcome_needs_no_project(text, OPTIONS)  # (the lookup's gate: its verdict is kept)
     (verdict,) = engine._VERDICTS.values()
-    assert [g.id for g in verdict.crossfile] == ["TL105"] and verdict.outline is not None
+    assert [g.id for g in verdict.crossfile] == ["TL105"] and verdict.imports is not None
     parses = counting(monkeypatch, engine, "_cpython_parse")
     outlines = counting(monkeypatch, ProjectIndex, "outline_of")
     assert lint_text(text, str(path), OPTIONS).findings == expected

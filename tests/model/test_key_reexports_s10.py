@@ -25,9 +25,9 @@ def _first_key(tmp_path: Path, text: str, monkeypatch) -> tuple[Path, list[str],
     seen: list[str] = []
     summary = project_module.ProjectIndex.summary
 
-    def noted(self, path, mentioning=None):
+    def noted(self, path, *args, **kwargs):
         seen.append(Path(path).name)
-        return summary(self, path, mentioning)
+        return summary(self, path, *args, **kwargs)
 
     monkeypatch.setattr(project_module.ProjectIndex, "summary", noted)
     return root / "main.py", seen, fresh_key(root / "main.py", text, tmp_path / "store")

@@ -1,5 +1,6 @@
 """A long run keeps only the latest dependency records in memory (each lists every folder its lookups
-consulted: about 100 KB in diffusers), and still answers from the older ones, read back from the store."""
+consulted: up to 10 KB in diffusers) decoded, and still answers from the older ones, kept as the
+journal's text (a new process reads them back from the store)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import os
 import time
 from pathlib import Path
 
-from trainlint.model import project as project_module
+from trainlint.model import index_journals
 from trainlint.model.project import ProjectIndex
 
 PAST = time.time() - 3600
@@ -23,11 +24,13 @@ def test_records_held_in_memory_are_bounded_and_older_ones_come_from_the_store(t
         os.utime(folder, (PAST, PAST))
         folders[str(folder)] = folder.stat().st_mtime_ns
     index = ProjectIndex(root, tmp_path / "store")
-    slots = [str(root / f"m{n}.py") for n in range(3 * project_module._RECORDS_KEPT)]
+    slots = [str(root / f"m{n}.py") for n in range(3 * index_journals._RECORDS_KEPT)]
     for slot in slots:
         index.keep_record(slot, folders, {}, text=slot)
-    assert len(index._records) <= project_module._RECORDS_KEPT
+    assert len(index._records) <= index_journals._RECORDS_KEPT
     first, last = index.recorded(slots[0]), index.recorded(slots[-1])
-    assert first is not None and first["text"] == slots[0]  # no longer in memory: read from the store
+    assert first is not None and first["text"] == slots[0]  # no longer decoded: from the journal's text
     assert last is not None and last["text"] == slots[-1]
-    assert len(index._records) <= project_module._RECORDS_KEPT
+    assert len(index._records) <= index_journals._RECORDS_KEPT
+    again = ProjectIndex(root, tmp_path / "store")  # (another process)
+    assert [again.recorded(slot)["text"] for slot in slots] == slots
