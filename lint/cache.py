@@ -46,6 +46,8 @@ from trainlint.results import frame_text
 from trainlint.rule import Finding
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from trainlint.results import FileResult, LintOptions
 
 Job = tuple[str, str, "LintOptions"]
@@ -311,8 +313,9 @@ class ResultCache:
         self._batch = object()  # this run's keys share their module lookups (``dependency_key``)
         self._ready: set[str] = set()  # entry folders this run made or found safe to write into
         self._journaled: set[str] | None = None  # the journals' keys, read on the first lookup
+        self._faulted: set[Job] = set()  # files the cache's own code failed on: linted without it
 
-    _UNPICKLED = ("_keys", "_quiet", "_batch", "_ready", "_journaled")
+    _UNPICKLED = ("_keys", "_quiet", "_batch", "_ready", "_journaled", "_faulted")
 
     def __getstate__(self) -> dict[str, Any]:
         # workers get the folder and secrets, not the keys of the files looked up (nor the journals)
@@ -321,7 +324,7 @@ class ResultCache:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._keys, self._quiet, self._batch, self._ready = {}, {}, object(), set()
-        self._journaled = None
+        self._journaled, self._faulted = None, set()
 
     def problem(self) -> str | None:
         """Why this cache must not be used (its folder or version folder is a link, a file, another
@@ -401,7 +404,7 @@ class ResultCache:
         targets = project_targets(text, job[2])
         if targets is None:
             return None
-        with recording(job[0], self.root / "summaries") as found:
+        with recording(job[0], self.root / "summaries", self._batch) as found:
             if not no_rule_chosen(text, job[0], job[2]):
                 return None
         facts = recorded_lint_key(found, text, narrowed=True) if found is not None else None
@@ -434,7 +437,31 @@ class ResultCache:
             os.close(folder)
 
     def get(self, job: Job) -> Outcome | None:
-        """The cached outcome of linting ``job``'s file as it is now on disk, or None."""
+        """The cached outcome of linting ``job``'s file as it is now on disk, or None (also where the
+        cache's own code fails on the file: ``_fault``)."""
+        try:
+            return self._get(job)
+        except Exception as exc:
+            self._fault(job, exc)
+            return None
+
+    def _fault(self, job: Job, exc: Exception) -> None:
+        """A failure of the cache's own code (its key's computation) on one file: that file is linted
+        and not stored, with one warning line a run; the other files keep the cache."""
+        from trainlint.report.escape import escape_controls
+
+        self._keys.pop(job, None)
+        self._quiet.pop(job, None)
+        if not self._faulted:
+            what = f"{type(exc).__name__}: {exc}"
+            print(
+                f"trainlint: warning: the result cache failed on {escape_controls(job[1])} ({escape_controls(what)}); "
+                "linted without it",
+                file=sys.stderr,
+            )
+        self._faulted.add(job)
+
+    def _get(self, job: Job) -> Outcome | None:
         from trainlint.results import FileResult, Problem
 
         text = read_source(Path(job[0])).text  # safe on FIFOs, huge files, undecodable bytes
@@ -508,12 +535,24 @@ class ResultCache:
             self._prepare()
             self._write_json(self.root / _RULE_IDS, {"ids": list(ids), "mac": self._ids_mac(list(ids))})
 
-    def recording(self, job: Job, text: str) -> contextlib.AbstractContextManager[Recording | None]:
+    @contextlib.contextmanager
+    def recording(self, job: Job, text: str) -> Iterator[Recording | None]:
         """What the lint run inside asks of the project (``store``'s key for a file with no record);
         nothing for a text no rule can run on (its key is its text's alone)."""
-        if "gradient_checkpointing" not in text and not may_run_rules(text, job[2]):
-            return contextlib.nullcontext()
-        return recording(job[0], self.root / "summaries")
+        if job in self._faulted or ("gradient_checkpointing" not in text and not may_run_rules(text, job[2])):
+            yield None
+            return
+        try:
+            started = recording(job[0], self.root / "summaries", self._batch)
+            found = started.__enter__()
+        except Exception as exc:
+            self._fault(job, exc)
+            yield None
+            return
+        try:
+            yield found
+        finally:
+            started.__exit__(None, None, None)
 
     def store(self, job: Job, text: str, result: FileResult, found: Recording | None = None) -> None:
         """Record the outcome of linting ``text`` (exactly what was linted, not the file as it is now);
@@ -525,7 +564,13 @@ class ResultCache:
             "errors": [e.to_cache() for e in result.errors],
             "parsed": result.parsed,
         }
-        key = self.key(job, text, gate=False, found=found)
+        if job in self._faulted:
+            return
+        try:
+            key = self.key(job, text, gate=False, found=found)
+        except Exception as exc:
+            self._fault(job, exc)
+            return
         self._keys.pop(job, None)
         assert key is not None  # (a store always has one: ``found``'s, or every import's)
         try:

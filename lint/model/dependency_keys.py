@@ -161,10 +161,10 @@ class Recording:
 
 
 @contextlib.contextmanager
-def recording(path: str, store: Path) -> Iterator[Recording | None]:
+def recording(path: str, store: Path, batch: object | None = None) -> Iterator[Recording | None]:
     """Record what the lint of ``path`` run inside asks of its project (None outside a project, or
-    inside another recording or gathering)."""
-    project = Project.for_file(path, None, store)
+    inside another recording or gathering). ``batch``: as for ``dependency_key`` (the run's token)."""
+    project = Project.for_file(path, None, store, batch)
     index = project.index if project is not None else None
     if project is None or index is None or index._consulted is not None:
         yield None
