@@ -141,6 +141,7 @@ class _Walk:
         self.instances: dict[str, list[str]] = {}
         self.bases: set[str] = set()
         self.all_bindings = False  # whether the ``:=`` outside loops were read too (``_named_values``)
+        self.reaches_import: dict[str, bool] = {}  # ``_imported``'s answers, until a name is bound anew
 
     def run(self) -> None:
         # (node, scope index, loops around it)
@@ -260,6 +261,7 @@ class _Walk:
         """The bindings ``FileModel``'s ``visit_Import``/``visit_ImportFrom`` make, with their targets."""
         for name, target in import_bindings(node):
             self.imports.setdefault(name, []).append(target)
+        self.reaches_import.clear()
 
     @staticmethod
     def _add(scope: _Scope, frames: Frames, target: ast.AST, added: ast.AST) -> None:
@@ -275,6 +277,7 @@ class _Walk:
             chain = dotted(value)
             if chain is not None:
                 self.aliases.setdefault(target.id, []).append(chain)
+                self.reaches_import.clear()
         elif kind is ast.Call:
             key = dotted(target)
             if key is not None and (key.count(".") == 0 or (key.startswith("self.") and key.count(".") == 1)):
@@ -417,17 +420,27 @@ class _Walk:
         key = dotted(owner)
         return key is not None and self._instance(key)
 
-    def _imported(self, name: str | None, depth: int = 0) -> bool:
+    def _imported(self, name: str | None) -> bool:
         """``qualname`` may resolve the name to an import: it is imported, or assigned a chain whose
-        first name is (up to ``qualname``'s depth)."""
-        if name is None or depth > 9:
+        first name is (up to ``qualname``'s depth of 9 aliases)."""
+        if name is None:
             return False
-        aliases = self.aliases.get(name, ())
-        if name in self.imports or any(self._imported(_first(c), depth + 1) for c in aliases):
-            return True
-        if depth == 0 and not self.all_bindings:
-            self._named_values()
-            return self._imported(name)
+        if name not in self.reaches_import:
+            self.reaches_import[name] = self._alias_reaches_import(name)
+        if self.reaches_import[name] or self.all_bindings:
+            return self.reaches_import[name]
+        self._named_values()
+        return self._imported(name)
+
+    def _alias_reaches_import(self, name: str) -> bool:
+        """Whether an imported name is at most 9 aliases away from ``name`` (breadth first: each name
+        once, at its least distance; following every way there took 44 million calls on one torch file)."""
+        seen, layer = {name}, [name]
+        for _distance in range(10):
+            if any(n in self.imports for n in layer):
+                return True
+            layer = [f for n in layer for f in map(_first, self.aliases.get(n, ())) if f not in seen]
+            seen.update(layer)
         return False
 
     def _instance(self, key: str) -> bool:
