@@ -263,6 +263,8 @@ class ExcludeMatcher:
     def __init__(self, patterns: Iterable[str]) -> None:
         self._whole = _GlobIndex()  # every pattern, against the path and each folder above it
         self._part = _GlobIndex()  # patterns without ``/``, against each part
+        # the answers for folders (and parts), asked again for each file in them: patterns never change
+        self._folders: dict[str, bool] = {}
         self.empty = True
         for pattern in patterns:
             self.empty = False
@@ -282,14 +284,25 @@ class ExcludeMatcher:
 
     def matches(self, rel: str) -> bool:
         """``rel``: a path relative to the root, ``/``-separated and folded by ``_norm``."""
-        end = rel.find("/")
-        while end >= 0:
-            if self._whole.match(rel[:end]):
-                return True
-            end = rel.find("/", end + 1)
-        if self._whole.match(rel):
+        folder, slash, name = rel.rpartition("/")
+        if slash and self._folder_matches(folder):
             return True
-        return any(self._part.match(part) for part in rel.split("/"))
+        return self._whole.match(rel) or self._part.match(name)
+
+    def _folder_matches(self, folder: str) -> bool:
+        """Whether a pattern matches the folder, a folder above it, or a part of its path."""
+        known = self._folders.get(folder)
+        if known is None:
+            above, slash, name = folder.rpartition("/")
+            known = (
+                (bool(slash) and self._folder_matches(above))
+                or self._whole.match(folder)
+                or self._part.match(name)
+            )
+            if len(self._folders) >= 65536:  # (a long editor session)
+                self._folders.clear()
+            self._folders[folder] = known
+        return known
 
 
 @functools.lru_cache(maxsize=64)

@@ -61,14 +61,17 @@ def find_root(path: str | os.PathLike[str], batch: object | None = None) -> Path
     Without one, the answer for a folder is kept for a second (the steps of one file's lookup and
     lint ask it in turn; ``ProjectIndex.forget_paths`` keeps its resolutions so)."""
     folder = os.path.dirname(os.path.abspath(path))
+    now = time.monotonic()
     if batch is None:
-        now = time.monotonic()
-        if _LAST_ROOT[0] != folder or now - _LAST_ROOT[1] > 1.0:
-            _LAST_ROOT[:] = [folder, now, _find_root(folder, {})]
-        return _LAST_ROOT[2]
-    if _ROOTS[0] is not batch:
-        _ROOTS[:] = [batch, {}]
-    return _find_root(folder, _ROOTS[1])
+        if _LAST_ROOT[0] == folder and now - _LAST_ROOT[1] <= 1.0:
+            return _LAST_ROOT[2]  # type: ignore[no-any-return]
+        root = _find_root(folder, {})
+    else:
+        if _ROOTS[0] is not batch:
+            _ROOTS[:] = [batch, {}]
+        root = _find_root(folder, _ROOTS[1])
+    _LAST_ROOT[:] = [folder, now, root]  # (a batch's answer too: the file's lint asks it next, without one)
+    return root
 
 
 _ROOTS: list[Any] = [None, {}]  # the batch whose roots are known, and its folders' roots

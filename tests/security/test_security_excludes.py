@@ -39,6 +39,20 @@ def test_the_indexed_patterns_match_exactly_what_fnmatch_matches() -> None:
         assert ExcludeMatcher(patterns).matches(rel) == reference(rel, patterns), (patterns, rel)
 
 
+def test_one_matcher_asked_many_paths_answers_each_as_fnmatch_does() -> None:
+    """A matcher keeps its answers for folders (every file of a folder asks them again): those kept
+    answers must be the ones each path would get afresh."""
+    from trainlint.files import ExcludeMatcher
+
+    rng = random.Random(20)
+    for _ in range(400):
+        patterns = ["".join(rng.choices("ab/*?[]!.", k=rng.randint(0, 8))) for _ in range(rng.randint(1, 5))]
+        matcher = ExcludeMatcher(patterns)
+        for _ in range(30):
+            rel = "".join(rng.choices("ab/.[]", k=rng.randint(1, 12)))
+            assert matcher.matches(rel) == reference(rel, patterns), (patterns, rel)
+
+
 def test_the_indexed_per_file_ignores_match_exactly_what_fnmatch_matches() -> None:
     from trainlint.files import GlobSet
 
