@@ -37,7 +37,8 @@ from trainlint.gates import (
     raw_answers,
     selected_gates,
 )
-from trainlint.model.stamps import parsed_before, text_digest
+from trainlint.model.pyast import forget_trees
+from trainlint.model.stamps import parsed_before, project_root, text_digest
 from trainlint.results import FileResult, LintOptions, Problem, ProblemKind, internal_error
 from trainlint.rule import (
     Diagnostic,
@@ -369,7 +370,7 @@ def lint_text(text: str, path: str, options: LintOptions) -> FileResult:
     elif digest and _summarised_and_quiet(text, digest, options):
         return result  # CPython parsed it (the index's summary of it says so), no rule can run on it
     else:
-        active, crossfile, tree, nesting, facts, callees = _code_gate(text, options)
+        active, crossfile, tree, nesting, facts, callees = _code_gate(text, options, path)
     run = _rules_to_run(text, path, active, crossfile, callees, verdict.imports if verdict else None, tree)
     if tree is not None or verdict is not None:
         if not run:
@@ -419,12 +420,12 @@ def _summarised_and_quiet(text: str, digest: str, options: LintOptions) -> bool:
 
 
 def _code_gate(
-    text: str, options: LintOptions
+    text: str, options: LintOptions, path: str | None = None
 ) -> tuple[list[Gate], list[Gate], ast.Module | None, Nesting | None, CodeFacts | None, Callees]:
     """The rules that may fire on the text (``active``) and the cross-file candidates (not active,
-    their project prefilter passed, not ruled out by the code), with CPython's tree of the text (None
-    where it rejects it or the prefilter is off), the nesting scan where made, the code's facts and the
-    candidates' callees."""
+    their project prefilter passed, not ruled out by the code; none for a ``path`` outside any
+    project), with CPython's tree of the text (None where it rejects it or the prefilter is off), the
+    nesting scan where made, the code's facts and the candidates' callees."""
     rules = selected_gates(options.rule_ids)
     if not options.prefilter:
         return rules, [], None, None, None, {}
@@ -442,9 +443,12 @@ def _code_gate(
             active = pass_tree_checks(active, tree)
     # asked once per file: a project prefilter such as TL204's pattern is tried at every word of the text
     crossfile = [g for g in rules if g not in active and answers.can_fire_in_project(g, text)]
+    if crossfile and path is not None and project_root(path) is None:
+        crossfile = []  # no other file's facts to rest on (``Project.for_file``): its checks would be wasted
     callees: Callees = {}
     if tree is not None:
         crossfile, facts, callees = _project_candidates(tree, facts, crossfile, text)
+        forget_trees()
     return active, crossfile, tree, nesting, facts, callees
 
 

@@ -3,7 +3,7 @@ the package): ``requirements*.txt`` (and ``requirements/*.txt``, with ``-r`` inc
 project), ``pyproject.toml`` (``[project]`` dependencies and optional dependencies, Poetry's
 dependencies), ``setup.cfg`` (``install_requires``, ``extras_require``) and ``setup.py``
 (``install_requires=``/``extras_require=`` given as literal lists, or names bound to them at module
-level). The project is the folder the index finds (``find_root``).
+level). The project is the folder the index finds (``project_root``).
 
 A rule asks ``lowest_allowed_at_least(path, package, version)``: whether every requirement the project
 declares for ``package`` excludes the releases before ``version``. A missing requirement, a bare name,
@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainlint.model.project import find_root
+from trainlint.model.stamps import project_root
 
 _MAX_BYTES = 1_000_000  # a requirements file larger than this is not read
 _NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*(.*)$")
@@ -252,9 +252,7 @@ def _pins(root: str, package: str, stamps: tuple[tuple[str, int, int], ...]) -> 
 def project_pins(path: str, package: str) -> tuple[Pin, ...]:
     """Every requirement of ``package`` the project of the file at ``path`` declares (empty for a
     file outside a project, or a path that is not a file on disk)."""
-    if not path or path.startswith("<") or not os.path.isfile(path):
-        return ()
-    root = find_root(path)
+    root = project_root(path)
     if root is None:
         return ()
     return _pins(str(root), _normal(package), _stamps(root))
@@ -262,7 +260,7 @@ def project_pins(path: str, package: str) -> tuple[Pin, ...]:
 
 def pins_stamp(path: str) -> str:
     """The stamps of the files pins are read from, for a result cache key (empty outside a project)."""
-    root = find_root(path) if path and not path.startswith("<") and os.path.isfile(path) else None
+    root = project_root(path)
     return ";".join(f"{p},{m},{s}" for p, m, s in _stamps(root)) if root is not None else ""
 
 

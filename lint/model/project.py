@@ -36,9 +36,9 @@ from trainlint.model.stamps import (
     RunStamps,
     answer_digest,
     collector_paused,
-    find_root,
     folder_mtime,
     note_parsed,
+    project_root,
     text_digest,
     write_atomic,
 )
@@ -441,9 +441,7 @@ class Project:
         cls, path: str, text: str | None = None, store: Path | None = None, batch: object | None = None
     ) -> Project | None:
         """The project of a file on disk, or None (stdin, a string, a file outside any project)."""
-        if not path or path.startswith("<") or not os.path.isfile(path):
-            return None
-        root = find_root(path, batch)
+        root = project_root(path, batch)
         if root is None:
             return None
         index = index_for(str(root), str(store) if store else None)

@@ -74,6 +74,14 @@ def find_root(path: str | os.PathLike[str], batch: object | None = None) -> Path
     return root
 
 
+def project_root(path: str, batch: object | None = None) -> Path | None:
+    """The project folder of a linted file on disk (``find_root``), or None where no other file's facts
+    can be asked for it: stdin, a string, a file outside any project (``Project.for_file``)."""
+    if not path or path.startswith("<") or not os.path.isfile(path):
+        return None
+    return find_root(path, batch)
+
+
 _ROOTS: list[Any] = [None, {}]  # the batch whose roots are known, and its folders' roots
 _LAST_ROOT: list[Any] = ["", 0.0, None]  # the folder last asked without a batch, when, its root
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from trainlint.cli import run
-from trainlint.model.project import Project, dependency_key, find_root
+from trainlint.model.project import Project, dependency_key
+from trainlint.model.stamps import find_root
 from trainlint.model.summary import summarize
 
 ROOT = Path(__file__).resolve().parents[2]
