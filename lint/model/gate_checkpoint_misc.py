@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from trainlint.model.gate_calls import BINDERS, Bindings, binding, last_name, names_bound_to
 from trainlint.model.gate_sharding_order import Resolve, resolver
 from trainlint.model.pyast import ast_dotted as dotted
-from trainlint.model.pyast import import_bindings
+from trainlint.model.pyast import import_bindings, of_last_tree
 from trainlint.model.vocab import CHECKPOINT_WRAPPERS, INPUT_GRAD_FIXES
 
 _ARGUMENTS_SUFFIX = "TrainingArguments"  # TL205's ``ARGUMENT_CLASS`` (``TrainingArguments$``)
@@ -115,10 +115,8 @@ def wrapper_may_leave_rng_off(tree: ast.Module) -> bool:
     word of randomness (``_RANDOM_WORDS``), or as an instance of another file's class with a dropout:
     the argument is then a call whose callee's first name is imported so, or a name or ``self.x`` the
     file assigns such a call (``constructed_class``)."""
-    flags, found = _RngFlags(), _Wrapped()
-    if _gather(tree, flags, found, settle=True):
-        return True
-    return flags.may_be_off() or found.may_report(flags.keyword)
+    flags, found, settled = _gathered(tree)
+    return settled or flags.may_be_off() or found.may_report(flags.keyword)
 
 
 def rng_wrapper_callees(tree: ast.Module) -> frozenset[str]:
@@ -138,26 +136,25 @@ def rng_wrapper_callees(tree: ast.Module) -> frozenset[str]:
       blocks takes the classes its container is built from), so every import target of the file.
 
     Empty where no call may reach an imported definition so: no import then takes part in a finding."""
-    flags, found = _RngFlags(), _Wrapped()
-    _gather(tree, flags, found, settle=False)
+    flags, found, _ = _gathered(tree)
     resolve = resolver(found.imports, found.aliases)
     if any(CHECKPOINT_WRAPPERS & resolve(path) for path in flags.off_calls):
         return frozenset(t for targets in found.imports.values() for t in targets)
     return frozenset(found.callees(resolve, flags.keyword))
 
 
-def _gather(tree: ast.Module, flags: _RngFlags, found: _Wrapped, *, settle: bool) -> bool:
-    """One walk of the tree into ``flags`` and ``found``. With ``settle``, it stops at the first call
-    that, with what came before it, may hold a finding (True); else it walks the whole tree (False)."""
+def _gather(tree: ast.Module) -> tuple[_RngFlags, _Wrapped, bool]:
+    """One walk of the tree into the flags and the calls it holds, and whether a call, with what came
+    before it, may hold a finding (the check's answer then, whatever follows)."""
+    flags, found, settled = _RngFlags(), _Wrapped(), False
     stack: list[ast.AST] = [tree]
-    node_type = ast.AST
+    pop, push, node_type = stack.pop, stack.append, ast.AST
     while stack:
-        node = stack.pop()
+        node = pop()
         kind = type(node)
         if kind is ast.Call:
             off = flags.call(node)  # type: ignore[arg-type]
-            if (found.call(node) or off) and settle:  # type: ignore[arg-type]
-                return True
+            settled = found.call(node) or off or settled  # type: ignore[arg-type]
         elif kind is ast.Attribute:
             found.random = found.random or _random_word(node.attr)  # type: ignore[attr-defined]
         elif kind is ast.Assign or kind is ast.AnnAssign or kind is ast.NamedExpr:
@@ -169,13 +166,24 @@ def _gather(tree: ast.Module, flags: _RngFlags, found: _Wrapped, *, settle: bool
         elif kind is ast.Import or kind is ast.ImportFrom:
             found.bind_import(node, kind)
         # the children in reverse, so that they are taken in the order of the source (imports first)
-        for name in reversed(node._fields):
+        fields = _REVERSED_FIELDS.get(kind)
+        if fields is None:
+            fields = _REVERSED_FIELDS[kind] = tuple(reversed(kind._fields))  # type: ignore[attr-defined]
+        for name in fields:
             value = getattr(node, name, None)
             if type(value) is list:
-                stack.extend(child for child in reversed(value) if isinstance(child, node_type))
+                for child in reversed(value):
+                    if isinstance(child, node_type):
+                        push(child)
             elif isinstance(value, node_type):
-                stack.append(value)
-    return False
+                push(value)
+    return flags, found, settled
+
+
+_REVERSED_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+_gathered = of_last_tree(_gather)  # (the check, then the callees, of one tree)
 
 
 @dataclass

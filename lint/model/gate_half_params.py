@@ -89,6 +89,9 @@ class _Facts:
         self._names: dict[str, frozenset[str]] = {}
         self._optimizers: dict[str, bool] = {}
         self.fed = False  # ``parameters`` made (``_feed_parameters``)
+        # (the check and the callees ask these of one tree in turn)
+        self.by_calls: list[tuple[frozenset[str], str, Chain]] | None = None  # ``_converted_by_calls``
+        self.unmastered: bool | None = None  # ``_optimizer_without_master_weights``
 
     def bind(self, name: str, what: Bound) -> None:
         self.bindings.setdefault(name, []).append(what)
@@ -539,12 +542,13 @@ def _may_train(facts: _Facts, converted: list[tuple[str, Chain]]) -> bool:
 def _optimizer_without_master_weights(facts: _Facts) -> bool:
     """(3) and (4): a call that may build an optimizer and no sure master-weight machinery; with the
     ``.parameters()`` calls its params may reach made (``_feed_parameters``) where both hold."""
-    if not any(_may_build_optimizer(facts, call) for call, _, _ in facts.calls) or _keeps_master_weights(
-        facts
-    ):
-        return False
-    _feed_parameters(facts)
-    return True
+    if facts.unmastered is None:
+        facts.unmastered = any(
+            _may_build_optimizer(facts, call) for call, _, _ in facts.calls
+        ) and not _keeps_master_weights(facts)
+        if facts.unmastered:
+            _feed_parameters(facts)
+    return facts.unmastered
 
 
 def _trained(facts: _Facts, key: str, chain: Chain) -> bool:
@@ -566,6 +570,8 @@ def _converted_by_calls(facts: _Facts) -> list[tuple[frozenset[str], str, Chain]
     of one): each argument that is a dotted name (``converted_arguments``) and the names of the target
     of ``x = call(...)``/``a, x = call(...)`` (``returned_half_modules``; ``assigned_name`` for a class
     ``converted_when_built``), with the scopes around the call and the callee's qualified names."""
+    if facts.by_calls is not None:
+        return facts.by_calls
     out: list[tuple[frozenset[str], str, Chain]] = []
     imported: dict[str, frozenset[str]] = {}
     for call, _, chain in facts.calls:
@@ -587,6 +593,7 @@ def _converted_by_calls(facts: _Facts) -> list[tuple[frozenset[str], str, Chain]
             elements = target.elts if isinstance(target, ast.Tuple) else []
             elements = [e.value if isinstance(e, ast.Starred) else e for e in elements]
             out += [(names, key, chain) for key in map(dotted, [target, *elements]) if key is not None]
+    facts.by_calls = out  # (whole: a failure half-way keeps nothing)
     return out
 
 
