@@ -120,6 +120,9 @@ _LEAVES = frozenset(
 )
 
 
+_NESTED_SCOPES = frozenset({ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda})
+
+
 def _branches(node: ast.AST) -> list[ast.AST]:
     """``_walk`` without the leaves (``_LEAVES``), in the same order."""
     out = [node]
@@ -197,15 +200,26 @@ class _Function:
         """The function's own nodes in source order, not those of nested defs and classes, nor the
         leaves (``_LEAVES``: no fact is read from a name or a constant alone)."""
         out: list[ast.AST] = []
-        stack: list[ast.AST] = list(reversed(self.node.body))
+        stack: list[ast.AST] = [n for n in reversed(self.node.body) if type(n) not in _LEAVES]
+        node_type, leaves, scopes, fields_of = ast.AST, _LEAVES, _NESTED_SCOPES, _FIELDS
         while stack:
             node = stack.pop()
-            if type(node) in _LEAVES:
-                continue
             out.append(node)
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
+            kind = type(node)
+            if kind in scopes:
                 continue
-            children = _children(node)
+            fields = fields_of.get(kind)
+            if fields is None:
+                fields = fields_of[kind] = tuple(f for f in node._fields if f not in _SCALAR_FIELDS)
+            # (``_children``, inlined: a leaf is never pushed rather than popped and dropped)
+            children: list[ast.AST] = []
+            for name in fields:
+                value = getattr(node, name, None)
+                if isinstance(value, node_type):
+                    if type(value) not in leaves:
+                        children.append(value)
+                elif isinstance(value, list):
+                    children += [c for c in value if isinstance(c, node_type) and type(c) not in leaves]
             children.reverse()
             stack += children
         return out
