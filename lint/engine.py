@@ -37,7 +37,6 @@ from trainlint.gates import (
     raw_answers,
     selected_gates,
 )
-from trainlint.model.pyast import forget_trees
 from trainlint.model.stamps import parsed_before, project_root, text_digest
 from trainlint.results import FileResult, LintOptions, Problem, ProblemKind, internal_error
 from trainlint.rule import (
@@ -448,8 +447,17 @@ def _code_gate(
     callees: Callees = {}
     if tree is not None:
         crossfile, facts, callees = _project_candidates(tree, facts, crossfile, text)
-        forget_trees()
+        _forget_walked_trees()
     return active, crossfile, tree, nesting, facts, callees
+
+
+def _forget_walked_trees() -> None:
+    """Let the gate checks' walks drop the file's tree (``pyast.forget_trees``). Their memos live in
+    ``pyast``, loaded with the first check: a run that asked none holds no tree, and a rejected file
+    (an editor's stdin) loads no module of the model for it."""
+    pyast = sys.modules.get("trainlint.model.pyast")
+    if pyast is not None:
+        pyast.forget_trees()
 
 
 def outcome_needs_no_project(text: str, options: LintOptions) -> bool:
