@@ -96,9 +96,10 @@ _SCALAR_FIELDS = frozenset(
 )
 
 
-def _children(node: ast.AST) -> list[ast.AST]:
+def _children(node: ast.AST, leaves: frozenset[type] = frozenset()) -> list[ast.AST]:
     """``list(ast.iter_child_nodes(node))`` less the ``ctx`` (Load/Store) nodes, which no fact looks
-    at, and without its two generators' cost: the index walks every function of every file it reads."""
+    at, and less the kinds of ``leaves`` (never listed to be dropped after), without its two
+    generators' cost: the index walks every function of every file it reads."""
     fields = _FIELDS.get(type(node))
     if fields is None:
         fields = _FIELDS[type(node)] = tuple(f for f in node._fields if f not in _SCALAR_FIELDS)
@@ -106,9 +107,10 @@ def _children(node: ast.AST) -> list[ast.AST]:
     for name in fields:
         value = getattr(node, name, None)
         if isinstance(value, ast.AST):
-            out.append(value)
+            if type(value) not in leaves:
+                out.append(value)
         elif isinstance(value, list):
-            out += [item for item in value if isinstance(item, ast.AST)]
+            out += [item for item in value if isinstance(item, ast.AST) and type(item) not in leaves]
     return out
 
 
@@ -127,7 +129,7 @@ def _branches(node: ast.AST) -> list[ast.AST]:
     """``_walk`` without the leaves (``_LEAVES``), in the same order."""
     out = [node]
     for item in out:  # (the list grows while it is read: a queue)
-        out += [child for child in _children(item) if type(child) not in _LEAVES]
+        out += _children(item, _LEAVES)
     return out
 
 
@@ -201,25 +203,12 @@ class _Function:
         leaves (``_LEAVES``: no fact is read from a name or a constant alone)."""
         out: list[ast.AST] = []
         stack: list[ast.AST] = [n for n in reversed(self.node.body) if type(n) not in _LEAVES]
-        node_type, leaves, scopes, fields_of = ast.AST, _LEAVES, _NESTED_SCOPES, _FIELDS
         while stack:
             node = stack.pop()
             out.append(node)
-            kind = type(node)
-            if kind in scopes:
+            if type(node) in _NESTED_SCOPES:
                 continue
-            fields = fields_of.get(kind)
-            if fields is None:
-                fields = fields_of[kind] = tuple(f for f in node._fields if f not in _SCALAR_FIELDS)
-            # (``_children``, inlined: a leaf is never pushed rather than popped and dropped)
-            children: list[ast.AST] = []
-            for name in fields:
-                value = getattr(node, name, None)
-                if isinstance(value, node_type):
-                    if type(value) not in leaves:
-                        children.append(value)
-                elif isinstance(value, list):
-                    children += [c for c in value if isinstance(c, node_type) and type(c) not in leaves]
+            children = _children(node, _LEAVES)
             children.reverse()
             stack += children
         return out
