@@ -151,23 +151,30 @@ def project(tmp_path: Path) -> Path:
 
 def _lint(root: Path, capsys, monkeypatch) -> tuple[list[str], list[str]]:
     """TL204's findings on train.py with the cache (a new process each time), and the files the index
-    summarised for it."""
+    summarised for it (whole, or the definition of one name: ``definitions.definition``)."""
     forget_indexes()
     engine._VERDICTS.clear()
     summarised: list[str] = []
-    summary_of = project_module.ProjectIndex.summary_of
+    summary_of, definition = project_module.ProjectIndex.summary_of, project_module.definition
+
+    def named(text: str) -> str:
+        return next(n for n in ("train.py", "helpers.py", "layers.py") if (root / n).read_text() == text)
 
     def noted(self, text, tree=None):
-        summarised.append(
-            next(n for n in ("train.py", "helpers.py", "layers.py") if (root / n).read_text() == text)
-        )
+        summarised.append(named(text))
         return summary_of(self, text, tree)
 
+    def noted_definition(text, name):
+        summarised.append(named(text))
+        return definition(text, name)
+
     monkeypatch.setattr(project_module.ProjectIndex, "summary_of", noted)
+    monkeypatch.setattr(project_module, "definition", noted_definition)
     capsys.readouterr()
     argv = ["--jobs", "1", "--select", "TL204", "--format", "json", "--cache-dir", str(root.parent / "c")]
     assert run([*argv, "train.py"]) in (0, 1)
     monkeypatch.setattr(project_module.ProjectIndex, "summary_of", summary_of)
+    monkeypatch.setattr(project_module, "definition", definition)
     found = json.loads(capsys.readouterr().out)["findings"]
     return [f["rule"] for f in found], summarised
 

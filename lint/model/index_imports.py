@@ -20,7 +20,7 @@ import ast
 import re
 import unicodedata
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 # what may precede ``import`` on its line in a statement read here: nothing, or ``from <module>``
@@ -61,13 +61,22 @@ def imports_name(text: str, name: str) -> bool | None:
     return None if found is None else any(bound == name for bound, _ in found)
 
 
-def _bindings(text: str, mentioning: str | None = None) -> set[tuple[str, str]] | None:
+def bindings(text: str, quoted: Callable[[int], bool]) -> set[tuple[str, str]] | None:
+    """(name bound, dotted target) of every import statement of the text, exactly: ``quoted`` tells
+    where a word belongs to a string or comment (no statement); None as for ``import_targets``."""
+    return _bindings(text, quoted=quoted)
+
+
+def _bindings(
+    text: str, mentioning: str | None = None, quoted: Callable[[int], bool] | None = None
+) -> set[tuple[str, str]] | None:
     """(name bound, dotted target) of every import statement read in place (``mentioning``: of those
-    whose text holds that word only); None as for ``import_targets``."""
+    whose text holds that word only; ``quoted``: as for ``bindings``); None as for
+    ``import_targets``."""
     found: set[tuple[str, str]] = set()
     covered = 0  # the end of the last statement read (its trailing comment may say "import")
     for at in _words(text):
-        if at < covered:
+        if at < covered or (quoted is not None and quoted(at)):
             continue
         start = text.rfind("\n", 0, at) + 1
         prefix = text[start:at]

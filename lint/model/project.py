@@ -6,7 +6,8 @@ beside the importing file (scripts run from their folder import their neighbours
 resolve against the importing file's package. Files are summarised on first use, memoised by their
 text's hash in memory and, when the result cache gives a folder, on disk (``<cache>/summaries``), so
 naming a few files (pre-commit) still sees the whole project; the full walk (``all_files``) runs only
-for questions about callers.
+for questions about callers. A lookup of one name reads that name's definition alone where it can
+(``definitions``: the same entries, at a fraction of the parse), kept in memory only.
 
 ``Project`` is the view of one linted file: rules ask it (through the model) what a name defined in
 another file does. ``dependency_key`` (in ``dependency_keys``, importable from here) is the part of
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainlint.model.definitions import definition
 from trainlint.model.index_imports import imports_name
 from trainlint.model.index_journals import IndexJournals
 from trainlint.model.index_memory import Shelf
@@ -97,6 +99,12 @@ class ProjectIndex(IndexJournals):
         self._stamped = RunStamps()  # the stamps ``recorded`` compares
         # (path, stamp, words, name) of the files ``summary`` found to hold no fact asked for
         self._lacking: set[tuple[str, tuple[int, int], tuple[str, ...], str | None]] = set()
+        # (text digest, name) -> the summary of that name's definition alone, or None (``definition``)
+        self._definitions: dict[tuple[str, str], Summary | None] = {}
+        # (a question of ``summary`` as for ``_lacking``, name) -> the summary of its definition alone
+        self._partials: dict[
+            tuple[tuple[str, tuple[int, int], tuple[str, ...], str | None], str], Summary
+        ] = {}
 
     def forget_paths(self, path: str) -> None:
         """Start a new file's lint: resolutions are kept only for the same file within a second (its
@@ -114,11 +122,14 @@ class ProjectIndex(IndexJournals):
         mentioning: str | None = None,
         holding: tuple[str, ...] = (),
         bound: str | None = None,
+        head: str | None = None,
     ) -> Summary | None:
         """A file's summary. ``mentioning``: None, without summarising it, when its text does not hold
         that word (a question about one name: most files cannot answer it). ``holding``: None, without
         summarising it, when no fact the question wants can be in its text (``may_hold_facts``, with
-        ``bound``)."""
+        ``bound``). ``head``: a question about that name only, which a summary of its definition
+        alone (``definitions.definition``, without ``imports``) may answer where the file's whole
+        summary is not at hand."""
         try:
             stat = path.stat()
         except OSError:
@@ -135,6 +146,8 @@ class ProjectIndex(IndexJournals):
         question = (str(path), stamp, holding, bound)
         if holding and question in self._lacking:
             return None
+        if head is not None and (question, head) in self._partials:
+            return self._partials[(question, head)]  # (another file's lint asked the same)
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError, ValueError):
@@ -146,6 +159,13 @@ class ProjectIndex(IndexJournals):
                 self._lacking.clear()
             self._lacking.add(question)  # (the files of a package ask the same of its modules)
             return None
+        if head is not None:
+            partial = self._definition(text, head)
+            if partial is not None:
+                if len(self._partials) >= _LACKING_KEPT:
+                    self._partials.clear()
+                self._partials[(question, head)] = partial
+                return partial
         summary = self.summary_of(text)
         self._by_stat[str(path)] = (stamp, self._digest(text))
         return summary
@@ -186,6 +206,26 @@ class ProjectIndex(IndexJournals):
     def _digest(text: str) -> str:
         return text_digest(text)
 
+    def _definition(self, text: str, head: str) -> Summary | None:
+        """The summary of ``head``'s definition alone (memoised by the text's digest), or None where
+        the whole summary is to be made: it is at hand (in memory or in the store), or the definition
+        cannot be read alone."""
+        digest = self._digest(text)
+        key = (digest, head)
+        if key in self._definitions:
+            return self._definitions[key]
+        if digest in self._by_hash or (self.store is not None and self._entry(digest).is_file()):
+            return None
+        if len(self._definitions) >= _LACKING_KEPT:
+            self._definitions.clear()
+        with collector_paused():
+            found = self._definitions[key] = definition(text, head)
+        return found
+
+    def _entry(self, digest: str) -> Path:
+        assert self.store is not None
+        return self.store / digest[:1] / f"{digest}.json"
+
     def summary_of(self, text: str, tree: ast.Module | None = None) -> Summary | None:
         """The summary of a text; ``tree`` (CPython's tree of that text, where the caller has it)
         spares parsing it again."""
@@ -212,7 +252,7 @@ class ProjectIndex(IndexJournals):
         with collector_paused():
             if self.store is None:
                 return summarize(text, tree), None
-            entry = self.store / digest[:1] / f"{digest}.json"
+            entry = self._entry(digest)
             try:
                 return json.loads(entry.read_text(encoding="utf-8"))["summary"], None
             except (OSError, ValueError, KeyError, TypeError, RecursionError):
@@ -379,6 +419,12 @@ class ProjectIndex(IndexJournals):
 
 
 _LACKING_KEPT = 8192
+
+
+def _defines(summary: Summary, name: str) -> bool:
+    return name in summary["functions"] or name in summary["classes"]
+
+
 _STORED: dict[str, ProjectIndex] = {}  # root -> the latest index with a store (the result cache's)
 
 
@@ -537,7 +583,9 @@ class Project:
             if file is None or self._real(file) == self._real(self.path):
                 continue
             name = ".".join(parts[cut:])
-            summary = self._summary(file, bound=parts[cut])
+            summary = self._summary(file, bound=parts[cut], head=parts[cut])
+            if summary is not None and "imports" not in summary and not _defines(summary, name):
+                summary = self._summary(file, bound=parts[cut])  # (``Class.attribute``: the whole file's)
             if summary is None:
                 return None
             if name in summary["functions"]:
@@ -595,13 +643,16 @@ class Project:
             self._reals[str(path)] = self.index.real_path(str(path))
         return self._reals[str(path)]
 
-    def _summary(self, path: Path, bound: str | None = None) -> Summary | None:
+    def _summary(self, path: Path, bound: str | None = None, head: str | None = None) -> Summary | None:
         """``ProjectIndex.summary``, asked once per file while this file is linted (not with a stat
         call for each name the rules resolve through it). ``bound``: the name a lookup asks the file
-        for, which it may import (with ``fact_words``)."""
+        for, which it may import (with ``fact_words``); ``head``: the name whose definition alone
+        may answer (see ``ProjectIndex.summary``)."""
         slot = f"{path}\0{bound}\0{self.fact_words}" if self.fact_words else str(path)
+        if head is not None:
+            slot += f"\0{head}"
         if slot not in self._summaries:
-            self._summaries[slot] = self.index.summary(path, holding=self.fact_words, bound=bound)
+            self._summaries[slot] = self.index.summary(path, holding=self.fact_words, bound=bound, head=head)
         return self._summaries[slot]
 
     def _files(self) -> list[Path]:

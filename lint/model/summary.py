@@ -25,6 +25,7 @@ from __future__ import annotations
 import ast
 import re
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from trainlint.model.pyast import ast_dotted
@@ -424,7 +425,7 @@ def _guards(function: ast.AST, params: set[str]) -> dict[int, str]:
     return out
 
 
-def _class_facts(node: ast.ClassDef) -> dict[str, Any]:
+def class_facts(node: ast.ClassDef) -> dict[str, Any]:
     """Submodules made in any method (``self.x = C(...)``, ``self.add_module("x", C(...))``) and the
     effects of ``forward``: writes to globals or to module-level containers, collectives."""
     submodules: dict[str, list[Any]] = {}
@@ -566,38 +567,77 @@ def summarize(text: str, tree: ast.Module | None = None) -> Summary | None:
     module_defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            functions[node.name] = _function(node, module_defs)
+            functions[node.name] = function_facts(node, module_defs)
         elif isinstance(node, ast.ClassDef):
-            classes[node.name] = _class_facts(node)
+            classes[node.name] = class_facts(node)
             for item in node.body:
                 if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
-                    functions[f"{node.name}.{item.name}"] = _function(item, module_defs)
+                    functions[f"{node.name}.{item.name}"] = function_facts(item, module_defs)
     imports = _imports(tree)
     for name, facts in classes.items():
-        # methods a subclass in another file may call as ``self.method(...)`` (see ``own_method``)
-        methods = [(key.split(".", 1)[1], f) for key, f in functions.items() if key.startswith(f"{name}.")]
-        for fact in ("returns_loss", "returns_token_mean", "returns_divided_token_mean"):
-            named = [method for method, f in methods if fact in f]
-            if named:
-                facts[f"{fact}_methods"] = named
-        init = functions.get(f"{name}.__init__")
-        # the constructor converts the module itself or hands a submodule to an imported helper (which
-        # may convert it: the index decides): instances may hold 16-bit parameters
-        facts["init_may_convert"] = init is not None and (
-            "self" in init["half"]
-            or any(
-                c["callee"] in imports and any((a or "").startswith("self.") for a in c["args"])
-                for c in init["calls"]
-            )
-        )
+        class_methods(name, facts, functions, imports.__contains__)
     return {"imports": imports, "functions": functions, "classes": classes}
 
 
-def _function(
-    node: ast.FunctionDef | ast.AsyncFunctionDef, module_defs: dict[str, ast.AST]
+def class_methods(
+    name: str, facts: dict[str, Any], functions: dict[str, Any], imported: Callable[[str], bool]
+) -> None:
+    """Add to a class's facts those read from its methods' (``functions``, where ``Class.method``
+    entries are). ``imported``: whether the file's imports bind a name (not dotted)."""
+    # methods a subclass in another file may call as ``self.method(...)`` (see ``own_method``)
+    methods = [(key.split(".", 1)[1], f) for key, f in functions.items() if key.startswith(f"{name}.")]
+    for fact in ("returns_loss", "returns_token_mean", "returns_divided_token_mean"):
+        named = [method for method, f in methods if fact in f]
+        if named:
+            facts[f"{fact}_methods"] = named
+    init = functions.get(f"{name}.__init__")
+    # the constructor converts the module itself or hands a submodule to an imported helper (which
+    # may convert it: the index decides): instances may hold 16-bit parameters
+    facts["init_may_convert"] = init is not None and (
+        "self" in init["half"]
+        or any(
+            any((a or "").startswith("self.") for a in c["args"])
+            and "." not in c["callee"]  # (an import binds a plain name)
+            and imported(c["callee"])
+            for c in init["calls"]
+        )
+    )
+
+
+class Incomplete(Exception):
+    """A fact of a definition needs another statement of its module than those at hand."""
+
+
+class _NestedOnly(dict[str, ast.AST]):
+    """A function's own nested definitions, standing for those it may see where the module's others
+    are not at hand: asking for another that the module may define raises ``Incomplete``."""
+
+    def __init__(self, nested: dict[str, ast.AST], module_defines: Callable[[str], bool]) -> None:
+        super().__init__(nested)
+        self.module_defines = module_defines
+
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+        if key in self:
+            return self[key]
+        if self.module_defines(key):
+            raise Incomplete(key)
+        return default
+
+
+def function_facts(
+    node: ast.FunctionDef | ast.AsyncFunctionDef,
+    module_defs: dict[str, ast.AST] | None,
+    module_defines: Callable[[str], bool] | None = None,
 ) -> dict[str, Any]:
+    """The facts of a function or method. ``module_defs``: the module's functions by name (an
+    ``apply`` callback may be one); None where they are not at hand: ``module_defines`` tells then
+    whether the module may define a function of that name (``Incomplete`` if one is asked for)."""
     nested = {n.name: n for n in node.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
-    return _Function(node, {**module_defs, **nested}).summarise()
+    if module_defs is None:
+        local: dict[str, ast.AST] = _NestedOnly(nested, module_defines or (lambda name: True))
+    else:
+        local = {**module_defs, **nested}
+    return _Function(node, local).summarise()
 
 
 def outline(text: str, tree: ast.Module | None = None) -> Summary | None:

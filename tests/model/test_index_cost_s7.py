@@ -103,11 +103,10 @@ def test_a_facts_digest_is_taken_once_per_batch(tmp_path: Path, monkeypatch) -> 
     assert len(digests) == 2
 
 
-def test_a_lint_asks_each_files_summary_once(tmp_path: Path, monkeypatch) -> None:
+def test_a_lint_asks_each_files_summary_once_per_name(tmp_path: Path, monkeypatch) -> None:
     (tmp_path / "pyproject.toml").write_text("")
-    (tmp_path / "helpers.py").write_text(
-        "import torch\n\ndef convert(m):\n    m.half()\n\ndef other(m):\n    pass\n"
-    )
+    helpers = tmp_path / "helpers.py"
+    helpers.write_text("import torch\n\ndef convert(m):\n    m.half()\n\ndef other(m):\n    pass\n")
     user = tmp_path / "train.py"
     user.write_text("from helpers import convert, other\n")
     project = Project.for_file(str(user))
@@ -115,5 +114,13 @@ def test_a_lint_asks_each_files_summary_once(tmp_path: Path, monkeypatch) -> Non
     summaries = counting(monkeypatch, ProjectIndex, "summary")
     fact = project.lookup("helpers.convert")
     assert fact is not None and project.lookup("helpers.other") is not None
+    assert project.lookup("helpers.convert") == fact
     assert project.resolve_in(fact, "torch") == "torch"
-    assert len(summaries) == 1
+    # one question per name (its definition alone: issue 20), one for the whole summary (its imports)
+    assert len(summaries) == 3
+    # another file's lint asks the same: answered from memory, by the file's stamp (no read)
+    reads = counting(monkeypatch, Path, "read_text")
+    again = Project.for_file(str(tmp_path / "train.py"))
+    assert again is not None and again.lookup("helpers.convert") == fact
+    assert again.lookup("helpers.other") is not None and again.resolve_in(fact, "torch") == "torch"
+    assert [call for call in reads if call[0] == helpers] == []

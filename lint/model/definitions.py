@@ -1,0 +1,192 @@
+"""One name's entries of a file's summary, read from the statements that define it (issue 20).
+
+A lookup asks another file for one name (``from pkg.mod import helper``), yet the whole file was
+parsed and summarised for it: half of the index's cost in a cold run, most of it spent on the
+definitions nobody asked about. A function or class defined at the top of a module is a statement
+that starts at the beginning of a line, outside any string; it ends where the next such line
+starts. ``definition`` finds those lines with a scan of the strings and comments (a regular
+expression: a few percent of a parse), parses each statement alone and summarises it as
+``summary.summarize`` does: the same entries, equal as data.
+
+Where that is not sure to give the same entries, it answers None and the caller summarises the
+whole file: the name not defined so (it may be re-exported), a definition line inside a string, a
+statement that does not parse alone (a line of a bracket continued at the start of a line), a
+header continued with a backslash, a form feed, a name spelt beyond ASCII, and facts that need the
+rest of the module: an ``apply`` callback defined beside the function, a constructor's call of a
+plain name where an import statement could not be read in place. A file with a syntax error
+elsewhere than in those statements is read all the same (its whole summary would be None).
+"""
+
+from __future__ import annotations
+
+import ast
+import bisect
+import re
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from trainlint.model.index_imports import bindings
+from trainlint.model.summary import Incomplete, Summary, class_facts, class_methods, function_facts
+
+# the strings and comments of a text (a string's prefix letters aside: they do not change its span)
+_STRINGS = re.compile(
+    r"""
+      \#[^\n]*
+    | '''[^'\\]*(?:(?:\\.|'(?!''))[^'\\]*)*'''
+    | \"\"\"[^"\\]*(?:(?:\\.|"(?!""))[^"\\]*)*\"\"\"
+    | '[^'\\\n]*(?:\\.[^'\\\n]*)*'
+    | "[^"\\\n]*(?:\\.[^"\\\n]*)*"
+    """,
+    re.VERBOSE | re.DOTALL,
+)
+# a line starting at its first column (a closing bracket there ends a header written over lines:
+# ``def f(\n    x,\n) -> int:``, no statement)
+_LINE_START = re.compile(r"^[^\s#)\]}]", re.MULTILINE)
+# what may stand before a definition's name on its line: its header's keywords, from the first column
+_HEADS = {
+    "def": re.compile(r"(?:async[ \t]+)?def[ \t]+"),
+    "any": re.compile(r"(?:(?:async[ \t]+)?def|class)[ \t]+"),
+}
+# a definition's header continued on the next line (``def \``), or with a name spelt beyond ASCII
+# (the parser normalises it: another spelling may name the same definition)
+_CONTINUED_HEADER = re.compile(r"(?:async|def|class)[ \t]*\\")
+_WIDE_NAME = re.compile(r"(?:def|class)[ \t]+\w*[^\x00-\x7f]")
+
+
+def _headers(text: str, name: str, kinds: str = "any") -> list[int]:
+    """Where the lines start whose text begins with the header of a definition of ``name`` (of
+    ``kinds``: ``def`` for functions only), found from the name's occurrences (``str.find``: a
+    regular expression anchored at every line start costs several times more)."""
+    head, found = _HEADS[kinds], []
+    at = text.find(name)
+    while at >= 0:
+        end = at + len(name)
+        after = text[end : end + 1]
+        if not (after.isalnum() or after == "_"):
+            start = text.rfind("\n", 0, at) + 1
+            if head.fullmatch(text, start, at):
+                found.append(start)
+        at = text.find(name, end)
+    return found
+
+
+def _odd_headers(text: str) -> bool:
+    """Whether a definition's header may not read as ``_headers`` finds them."""
+    at = text.find("\\\n")
+    while at >= 0:
+        if _CONTINUED_HEADER.match(text, text.rfind("\n", 0, at) + 1):
+            return True
+        at = text.find("\\\n", at + 2)
+    return not text.isascii() and _WIDE_NAME.search(text) is not None
+
+
+def definition(text: str, name: str) -> Summary | None:
+    """``summarize(text)``'s entries for ``name`` defined at the top of the module: ``functions``
+    holding the function ``name`` and the methods ``name.method`` of a class ``name``, ``classes``
+    holding the class; no ``imports``. None where they cannot be told from those statements alone
+    (see the module's notes): the caller summarises the whole text."""
+    if "\f" in text or "\r" in text or text.startswith("\ufeff") or _odd_headers(text):
+        return None
+    starts = _headers(text, name)
+    strings = _Strings(text)
+    if not starts:
+        return _imported_only(text, name, strings)
+    if any(strings.inside(start) for start in starts):
+        return None
+    functions: dict[str, Any] = {}
+    classes: dict[str, Any] = {}
+
+    def module_defines(function: str) -> bool:  # (an ``apply`` callback's name)
+        return bool(_headers(text, function, "def"))
+
+    try:
+        for start in starts:  # (in the text's order: a later definition replaces an earlier one)
+            node = _statement(text, start, strings, name)
+            if node is None:
+                return None
+            if isinstance(node, ast.ClassDef):
+                classes[name] = _class(node, functions, module_defines)
+            else:
+                functions[name] = function_facts(node, None, module_defines)
+        imported = _Imported(text, strings)
+        for facts in classes.values():
+            class_methods(name, facts, functions, imported)
+    except Incomplete:
+        return None
+    return {"functions": functions, "classes": classes}
+
+
+def _imported_only(text: str, name: str, strings: _Strings) -> Summary | None:
+    """The summary of a name no definition of the text's top level has: its ``imports`` entry (a
+    re-export the lookup follows), where every import statement reads in place and those binding
+    the name agree on its target (the last binding in the tree's order would win otherwise)."""
+    found = bindings(text, strings.inside)
+    if found is None:
+        return None
+    targets = {target for bound, target in found if bound == name}
+    if len(targets) > 1:
+        return None
+    return {"imports": {name: targets.pop()} if targets else {}, "functions": {}, "classes": {}}
+
+
+def _class(
+    node: ast.ClassDef, functions: dict[str, Any], module_defines: Callable[[str], bool]
+) -> dict[str, Any]:
+    for item in node.body:
+        if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+            functions[f"{node.name}.{item.name}"] = function_facts(item, None, module_defines)
+    return class_facts(node)
+
+
+def _statement(text: str, start: int, strings: _Strings, name: str) -> ast.stmt | None:
+    """The definition of ``name`` whose header starts at ``start``, parsed alone (with its line
+    numbers), or None where its text does not parse as that one statement."""
+    end = len(text)
+    newline = text.find("\n", start)
+    for match in _LINE_START.finditer(text, newline + 1 if newline >= 0 else end):
+        if not strings.inside(match.start()):
+            end = match.start()
+            break
+    line = text.count("\n", 0, start) + 1
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            body = ast.parse("\n" * (line - 1) + text[start:end]).body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    node = body[0] if len(body) == 1 else None
+    if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) or node.name != name:
+        return None
+    return node if node.lineno == line else None
+
+
+class _Strings:
+    """Where a text's strings and comments are (one scan, on first use)."""
+
+    def __init__(self, text: str) -> None:
+        spans = [(m.start(), m.end()) for m in _STRINGS.finditer(text)]
+        self.spans = spans
+        self._starts = [start for start, _ in spans]
+
+    def inside(self, at: int) -> bool:
+        """Whether the text at ``at`` belongs to a string or comment begun before it."""
+        index = bisect.bisect_right(self._starts, at) - 1
+        return index >= 0 and self.spans[index][0] < at < self.spans[index][1]
+
+
+class _Imported:
+    """Whether an import statement of the text binds a name: every ``import`` word outside its
+    strings and comments read in place, on first use (``Incomplete`` where one cannot be)."""
+
+    def __init__(self, text: str, strings: _Strings) -> None:
+        self.text, self.strings = text, strings
+        self._names: set[str] | None = None
+
+    def __call__(self, name: str) -> bool:
+        if self._names is None:
+            found = bindings(self.text, self.strings.inside)
+            if found is None:
+                raise Incomplete(name)
+            self._names = {bound for bound, _ in found}
+        return name in self._names
