@@ -164,9 +164,9 @@ def _lint(root: Path, capsys, monkeypatch) -> tuple[list[str], list[str]]:
         summarised.append(named(text))
         return summary_of(self, text, tree)
 
-    def noted_definition(text, name):
+    def noted_definition(text, name, digest=None):
         summarised.append(named(text))
-        return definition(text, name)
+        return definition(text, name, digest)
 
     monkeypatch.setattr(project_module.ProjectIndex, "summary_of", noted)
     monkeypatch.setattr(project_module, "definition", noted_definition)

@@ -84,17 +84,12 @@ def project_method(model: FileModel, func: cst.BaseExpression, scope: Scope) -> 
     if fact is not None or not isinstance(func, cst.Attribute) or model.project is None:
         return fact
     owner = constructed_class(model, func.value, scope)
-    summary = model.project.index.summary(Path(owner.path), head=_head(owner)) if owner is not None else None
+    summary = model.project.index.summary(Path(owner.path)) if owner is not None else None
     if owner is None or summary is None:
         return None
     name = f"{owner.name}.{func.attr.value}"
     facts = summary["functions"].get(name)
     return Fact(owner.path, name, "function", facts) if facts is not None else None
-
-
-def _head(fact: Fact) -> str | None:
-    """The name a question about a class's methods may ask its file for alone (``ProjectIndex.summary``)."""
-    return fact.name if fact.kind == "class" and "." not in fact.name else None
 
 
 def own_function(model: FileModel, func: cst.BaseExpression, scope: Scope) -> Fact | None:
@@ -175,7 +170,8 @@ def converted_when_built(model: FileModel, fact: Fact) -> Elsewhere | None:
     converts ``self``/``self.x`` itself, or hands ``self.x`` to a project function that converts that
     argument (CLIP's ``convert_weights(self.clip)``)."""
     assert model.project is not None
-    summary = model.project.index.summary(Path(fact.path), head=_head(fact))
+    head = fact.name if "." not in fact.name else None  # (its entries alone: ``ProjectIndex.summary``)
+    summary = model.project.index.summary(Path(fact.path), head=head)
     init = summary["functions"].get(f"{fact.name}.__init__") if summary is not None else None
     if init is None:
         return None

@@ -81,17 +81,18 @@ def _odd_headers(text: str) -> bool:
     return not text.isascii() and _WIDE_NAME.search(text) is not None
 
 
-def definition(text: str, name: str) -> Summary | None:
+def definition(text: str, name: str, digest: str | None = None) -> Summary | None:
     """``summarize(text)``'s entries for ``name`` defined at the top of the module: ``functions``
     holding the function ``name`` and the methods ``name.method`` of a class ``name``, ``classes``
     holding the class; no ``imports``. None where they cannot be told from those statements alone
-    (see the module's notes): the caller summarises the whole text."""
+    (see the module's notes): the caller summarises the whole text. ``digest``: the text's, under
+    which the scan of its strings is kept for the next name asked of it."""
     if "\f" in text or "\r" in text or text.startswith("\ufeff") or _odd_headers(text):
         return None
     starts = _headers(text, name)
-    strings = _Strings(text)
+    strings = _scanned(text, digest)
     if not starts:
-        return _imported_only(text, name, strings)
+        return _imported_only(name, strings)
     if any(strings.inside(start) for start in starts):
         return None
     functions: dict[str, Any] = {}
@@ -109,19 +110,18 @@ def definition(text: str, name: str) -> Summary | None:
                 classes[name] = _class(node, functions, module_defines)
             else:
                 functions[name] = function_facts(node, None, module_defines)
-        imported = _Imported(text, strings)
         for facts in classes.values():
-            class_methods(name, facts, functions, imported)
+            class_methods(name, facts, functions, strings.imported)
     except Incomplete:
         return None
     return {"functions": functions, "classes": classes}
 
 
-def _imported_only(text: str, name: str, strings: _Strings) -> Summary | None:
+def _imported_only(name: str, strings: _Scan) -> Summary | None:
     """The summary of a name no definition of the text's top level has: its ``imports`` entry (a
     re-export the lookup follows), where every import statement reads in place and those binding
     the name agree on its target (the last binding in the tree's order would win otherwise)."""
-    found = bindings(text, strings.inside)
+    found = strings.bindings()
     if found is None:
         return None
     targets = {target for bound, target in found if bound == name}
@@ -139,7 +139,7 @@ def _class(
     return class_facts(node)
 
 
-def _statement(text: str, start: int, strings: _Strings, name: str) -> ast.stmt | None:
+def _statement(text: str, start: int, strings: _Scan, name: str) -> ast.stmt | None:
     """The definition of ``name`` whose header starts at ``start``, parsed alone (with its line
     numbers), or None where its text does not parse as that one statement."""
     end = len(text)
@@ -161,31 +161,48 @@ def _statement(text: str, start: int, strings: _Strings, name: str) -> ast.stmt 
     return node if node.lineno == line else None
 
 
-class _Strings:
-    """Where a text's strings and comments are (one scan, on first use)."""
+_SCANS: dict[str, _Scan] = {}  # text digest -> its scan (a lint asks a module for several names)
+_SCANS_KEPT = 16
+
+
+def _scanned(text: str, digest: str | None) -> _Scan:
+    if digest is None:
+        return _Scan(text)
+    scan = _SCANS.get(digest)
+    if scan is None:
+        while len(_SCANS) >= _SCANS_KEPT:
+            del _SCANS[next(iter(_SCANS))]
+        scan = _SCANS[digest] = _Scan(text)
+    return scan
+
+
+class _Scan:
+    """Where a text's strings and comments are, and what its import statements bind (read on first
+    use: None where one cannot be read in place)."""
 
     def __init__(self, text: str) -> None:
-        spans = [(m.start(), m.end()) for m in _STRINGS.finditer(text)]
-        self.spans = spans
-        self._starts = [start for start, _ in spans]
+        self.text = text
+        self.spans = [(m.start(), m.end()) for m in _STRINGS.finditer(text)]
+        self._starts = [start for start, _ in self.spans]
+        self._bindings: set[tuple[str, str]] | None = None
+        self._read = False
+        self._names: set[str] | None = None
 
     def inside(self, at: int) -> bool:
         """Whether the text at ``at`` belongs to a string or comment begun before it."""
         index = bisect.bisect_right(self._starts, at) - 1
         return index >= 0 and self.spans[index][0] < at < self.spans[index][1]
 
+    def bindings(self) -> set[tuple[str, str]] | None:
+        """(name bound, dotted target) of every import statement (``index_imports.bindings``)."""
+        if not self._read:
+            self._bindings, self._read = bindings(self.text, self.inside), True
+        return self._bindings
 
-class _Imported:
-    """Whether an import statement of the text binds a name: every ``import`` word outside its
-    strings and comments read in place, on first use (``Incomplete`` where one cannot be)."""
-
-    def __init__(self, text: str, strings: _Strings) -> None:
-        self.text, self.strings = text, strings
-        self._names: set[str] | None = None
-
-    def __call__(self, name: str) -> bool:
+    def imported(self, name: str) -> bool:
+        """Whether an import statement binds the name (``Incomplete`` where one cannot be read)."""
         if self._names is None:
-            found = bindings(self.text, self.strings.inside)
+            found = self.bindings()
             if found is None:
                 raise Incomplete(name)
             self._names = {bound for bound, _ in found}

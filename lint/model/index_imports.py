@@ -56,9 +56,27 @@ def import_targets_of(text: str, tree: ast.Module) -> list[str]:
 def imports_name(text: str, name: str) -> bool | None:
     """Whether an import statement of the text binds ``name`` (``import a.b`` binds ``a``, ``from m
     import f as g`` binds ``g``); maybe True where none does (a statement inside a string), never
-    False where one does; None as for ``import_targets``."""
-    found = _bindings(text, name)
-    return None if found is None else any(bound == name for bound, _ in found)
+    False where one does; None as for ``import_targets`` (or where a statement that mentions the
+    name could not be read). The text's statements are read once for all the names asked of it."""
+    read = _READ.get(id(text))
+    if read is None or read[0] is not text:
+        unread: list[str] = []
+        found = _bindings(text, unread=unread)
+        read = (text, None if found is None else ({bound for bound, _ in found}, unread))
+        while len(_READ) >= 4:
+            del _READ[next(iter(_READ))]
+        _READ[id(text)] = read
+    if read[1] is None:
+        return None
+    names, unread = read[1]
+    if name in names:
+        return True
+    return None if any(name in statement for statement in unread) else False
+
+
+# the import statements read of the latest texts asked (``imports_name``), by identity: the text, and
+# the names bound with the statements that could not be read (None: one could not be found)
+_READ: dict[int, tuple[str, tuple[set[str], list[str]] | None]] = {}
 
 
 def bindings(text: str, quoted: Callable[[int], bool]) -> set[tuple[str, str]] | None:
@@ -68,11 +86,15 @@ def bindings(text: str, quoted: Callable[[int], bool]) -> set[tuple[str, str]] |
 
 
 def _bindings(
-    text: str, mentioning: str | None = None, quoted: Callable[[int], bool] | None = None
+    text: str,
+    mentioning: str | None = None,
+    quoted: Callable[[int], bool] | None = None,
+    unread: list[str] | None = None,
 ) -> set[tuple[str, str]] | None:
     """(name bound, dotted target) of every import statement read in place (``mentioning``: of those
     whose text holds that word only; ``quoted``: as for ``bindings``); None as for
-    ``import_targets``."""
+    ``import_targets``. ``unread``: where given, a statement found but not read is put there instead
+    (its bindings left out)."""
     found: set[tuple[str, str]] = set()
     covered = 0  # the end of the last statement read (its trailing comment may say "import")
     for at in _words(text):
@@ -97,6 +119,9 @@ def _bindings(
             continue
         # (an identifier beyond ASCII is normalised by the parser: a full-width ``mod`` imports ``mod``)
         targets = _read(statement) if statement is not None and statement.isascii() else None
+        if targets is None and unread is not None and statement is not None:
+            unread.append(statement)
+            continue
         if targets is None:
             return None
         found.update(targets)

@@ -101,6 +101,7 @@ class ProjectIndex(IndexJournals):
         self._lacking: set[tuple[str, tuple[int, int], tuple[str, ...], str | None]] = set()
         # (text digest, name) -> the summary of that name's definition alone, or None (``definition``)
         self._definitions: dict[tuple[str, str], Summary | None] = {}
+        self._texts: dict[str, tuple[tuple[int, int], str]] = {}  # path -> (stamp, text): ``_text``
         # (a question of ``summary`` as for ``_lacking``, name) -> the summary of its definition alone
         self._partials: dict[
             tuple[tuple[str, tuple[int, int], tuple[str, ...], str | None], str], Summary
@@ -148,9 +149,8 @@ class ProjectIndex(IndexJournals):
             return None
         if head is not None and (question, head) in self._partials:
             return self._partials[(question, head)]  # (another file's lint asked the same)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError, ValueError):
+        text = self._text(str(path), stamp, kept=head is not None)
+        if text is None:
             return None
         if mentioning is not None and mentioning not in text:
             return None
@@ -169,6 +169,22 @@ class ProjectIndex(IndexJournals):
         summary = self.summary_of(text)
         self._by_stat[str(path)] = (stamp, self._digest(text))
         return summary
+
+    def _text(self, path: str, stamp: tuple[int, int], kept: bool) -> str | None:
+        """A file's text; ``kept``: held for the next questions about its other names (one asked
+        for a name's definition alone is asked for several: read and hashed once)."""
+        known = self._texts.get(path)
+        if known is not None and known[0] == stamp:
+            return known[1]
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError, ValueError):
+            return None
+        if kept:
+            while len(self._texts) >= _TEXTS_KEPT:
+                del self._texts[next(iter(self._texts))]
+            self._texts[path] = (stamp, text)
+        return text
 
     def facts_digest(self, path: Path) -> str:
         """The digest of a file's summary: what a dependent's cache key holds. From the manifest while
@@ -219,7 +235,7 @@ class ProjectIndex(IndexJournals):
         if len(self._definitions) >= _LACKING_KEPT:
             self._definitions.clear()
         with collector_paused():
-            found = self._definitions[key] = definition(text, head)
+            found = self._definitions[key] = definition(text, head, digest)
         return found
 
     def _entry(self, digest: str) -> Path:
@@ -419,6 +435,7 @@ class ProjectIndex(IndexJournals):
 
 
 _LACKING_KEPT = 8192
+_TEXTS_KEPT = 16
 
 
 def _defines(summary: Summary, name: str) -> bool:
@@ -601,10 +618,12 @@ class Project:
 
     def resolve_in(self, fact: Fact, name: str) -> str | None:
         """A name as written in ``fact``'s file, as a dotted target importable from there."""
-        summary = self._summary(Path(fact.path))
+        head, _, rest = name.partition(".")
+        summary = self._summary(Path(fact.path), head=head)  # (a name imported there: its entry alone)
+        if summary is not None and "imports" not in summary:
+            summary = self._summary(Path(fact.path))  # (defined there too: the whole file's imports)
         if summary is None:
             return None
-        head, _, rest = name.partition(".")
         base = summary["imports"].get(head)
         if base is None:
             return None

@@ -9,7 +9,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import counting
 
+from trainlint.model import index_imports
+from trainlint.model import project as project_module
 from trainlint.model.definitions import definition
 from trainlint.model.project import Project, forget_indexes
 from trainlint.model.summary import summarize
@@ -149,3 +152,29 @@ def test_a_lookup_parses_the_definition_only(tmp_path: Path, monkeypatch) -> Non
     # (its line numbers are the file's: the statement parsed alone keeps them)
     assert fact.facts["half"]["m"][0] == helpers.read_text().splitlines().index("    m.half()") + 1
     assert parsed and max(parsed) < len(helpers.read_text()) / 2  # not the whole file
+
+
+def test_a_name_resolved_in_another_file_reads_its_import_alone(tmp_path: Path, monkeypatch) -> None:
+    forget_indexes()
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "helpers.py").write_text("from torch.nn import Linear as Dense\n\nclass Net:\n    pass\n")
+    (tmp_path / "train.py").write_text("from helpers import Net\n")
+    whole: list[str] = []
+    monkeypatch.setattr(project_module, "summarize", lambda text, tree=None: whole.append(text))
+    project = Project.for_file(str(tmp_path / "train.py"))
+    assert project is not None
+    fact = project.lookup("helpers.Net")
+    assert fact is not None and fact.kind == "class"
+    assert project.resolve_in(fact, "Dense.weight") == "torch.nn.Linear.weight"
+    assert project.resolve_in(fact, "missing") is None
+    assert whole == []  # (neither the class nor the import needed the whole file)
+
+
+def test_the_import_statements_of_a_text_are_read_once_for_its_names(monkeypatch) -> None:
+    # (a name beyond ASCII: the parser normalises it, so the statement is not read in place)
+    text = "import a\nfrom b import (c,\n    d)\nimport e.f as g\nfrom h import na\u00efve\n"
+    read = counting(monkeypatch, index_imports, "_statement")
+    answers = [index_imports.imports_name(text, name) for name in ("a", "d", "g", "x", "h")]
+    # ``x`` is bound by no statement read, and the unread one does not mention it; ``h`` it does
+    assert answers == [True, True, True, False, None]
+    assert len(read) == 4  # (one per statement, not per name)
