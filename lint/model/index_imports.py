@@ -58,14 +58,7 @@ def imports_name(text: str, name: str) -> bool | None:
     import f as g`` binds ``g``); maybe True where none does (a statement inside a string), never
     False where one does; None as for ``import_targets`` (or where a statement that mentions the
     name could not be read). The text's statements are read once for all the names asked of it."""
-    read = _READ.get(id(text))
-    if read is None or read[0] is not text:
-        unread: list[str] = []
-        found = _bindings(text, unread=unread)
-        read = (text, None if found is None else ({bound for bound, _ in found}, unread))
-        while len(_READ) >= 4:
-            del _READ[next(iter(_READ))]
-        _READ[id(text)] = read
+    read = _read_of(text)
     if read[1] is None:
         return None
     names, unread = read[1]
@@ -74,9 +67,39 @@ def imports_name(text: str, name: str) -> bool | None:
     return None if any(name in statement for statement in unread) else False
 
 
-# the import statements read of the latest texts asked (``imports_name``), by identity: the text, and
-# the names bound with the statements that could not be read (None: one could not be found)
-_READ: dict[int, tuple[str, tuple[set[str], list[str]] | None]] = {}
+def binds_name(text: str, name: str) -> bool:
+    """``imports_name``, or where it cannot tell, whether the text's tree binds ``name`` by an import
+    (``summary.outline``: parsed once per text, for all the names asked of it)."""
+    answer = imports_name(text, name)
+    if answer is not None:
+        return answer
+    read = _read_of(text)
+    if read[2] is None:
+        from trainlint.model.summary import outline  # (a statement read in place is the rule)
+
+        outlined = outline(text)
+        read[2] = set(outlined["imports"]) if outlined is not None else set()
+    return name in read[2]
+
+
+def _read_of(text: str) -> list[Any]:
+    """The memo of a text's import statements (``_READ``), read on first use."""
+    read = _READ.get(id(text))
+    if read is None or read[0] is not text:
+        unread: list[str] = []
+        found = _bindings(text, unread=unread)
+        read = [text, None if found is None else ({bound for bound, _ in found}, unread), None]
+        while len(_READ) >= _READ_KEPT:
+            del _READ[next(iter(_READ))]
+        _READ[id(text)] = read
+    return read
+
+
+# the import statements read of the latest texts asked (``imports_name``), by identity: the text (held,
+# so that its id is not reused), the names bound with the statements that could not be read (None:
+# one could not be found), and the names its tree's imports bind (``binds_name``; None: not parsed)
+_READ: dict[int, list[Any]] = {}
+_READ_KEPT = 16
 
 
 def bindings(text: str, quoted: Callable[[int], bool]) -> set[tuple[str, str]] | None:

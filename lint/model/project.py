@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from trainlint.model.definitions import definition
-from trainlint.model.index_imports import imports_name
+from trainlint.model.index_imports import binds_name
 from trainlint.model.index_journals import IndexJournals
 from trainlint.model.index_memory import Shelf
 from trainlint.model.stamps import (
@@ -454,11 +454,7 @@ def may_hold_facts(text: str, words: tuple[str, ...], bound: str | None = None) 
         return True
     if bound is None or bound not in text:
         return False
-    imported = imports_name(text, bound)  # (read in place; None: a statement it could not read)
-    if imported is None:
-        outlined = outline(text)
-        imported = outlined is not None and bound in outlined["imports"]
-    return imported
+    return binds_name(text, bound)  # (read in place, else parsed: once per text for all its names)
 
 
 @functools.lru_cache(maxsize=16)

@@ -178,3 +178,26 @@ def test_the_import_statements_of_a_text_are_read_once_for_its_names(monkeypatch
     # ``x`` is bound by no statement read, and the unread one does not mention it; ``h`` it does
     assert answers == [True, True, True, False, None]
     assert len(read) == 4  # (one per statement, not per name)
+
+
+def test_a_text_half_parsed_for_other_names_is_left_to_the_whole_summary() -> None:
+    text = (
+        "def big(m):\n"
+        + "    m.float()\n" * 40
+        + "\ndef small(m):\n    m.half()\n\ndef other(m):\n    pass\n"
+    )
+    assert definition(text, "big", "digest-of-the-text") == _entries(text, "big")
+    # (the whole summary answers every later name at once: cheaper than reading the rest piecewise)
+    assert definition(text, "small", "digest-of-the-text") is None
+    assert definition(text, "small") == _entries(text, "small")  # (a question of its own: read alone)
+
+
+def test_a_name_no_import_statement_reads_in_place_is_parsed_for_once(monkeypatch) -> None:
+    from trainlint.model import summary
+
+    # (a name beyond ASCII: the statement is not read in place, so its tree decides)
+    text = "from h import na\u00efve, helper\nfrom k import other\n"
+    outlines = counting(monkeypatch, summary, "outline")
+    answers = [index_imports.binds_name(text, name) for name in ("helper", "h", "other", "missing")]
+    assert answers == [True, False, True, False]
+    assert len(outlines) == 1
