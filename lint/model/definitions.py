@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import ast
 import bisect
+import functools
 import re
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 from trainlint.model.index_imports import bindings
-from trainlint.model.summary import Incomplete, Summary, class_facts, class_methods, function_facts
+from trainlint.model.summary import Incomplete, Summary, add_entries, class_methods
 
 # the strings and comments of a text (a string's prefix letters aside: they do not change its span)
 _STRINGS = re.compile(
@@ -110,10 +110,7 @@ def definition(text: str, name: str, digest: str | None = None) -> Summary | Non
             node = _statement(text, start, strings, name)
             if node is None:
                 return None
-            if isinstance(node, ast.ClassDef):
-                classes[name] = _class(node, functions, module_defines)
-            else:
-                functions[name] = function_facts(node, None, module_defines)
+            add_entries(node, functions, classes, None, module_defines)
         for facts in classes.values():
             class_methods(name, facts, functions, strings.imported)
     except Incomplete:
@@ -125,22 +122,13 @@ def _imported_only(name: str, strings: _Scan) -> Summary | None:
     """The summary of a name no definition of the text's top level has: its ``imports`` entry (a
     re-export the lookup follows), where every import statement reads in place and those binding
     the name agree on its target (the last binding in the tree's order would win otherwise)."""
-    found = strings.bindings()
+    found = strings.bindings
     if found is None:
         return None
     targets = {target for bound, target in found if bound == name}
     if len(targets) > 1:
         return None
     return {"imports": {name: targets.pop()} if targets else {}, "functions": {}, "classes": {}}
-
-
-def _class(
-    node: ast.ClassDef, functions: dict[str, Any], module_defines: Callable[[str], bool]
-) -> dict[str, Any]:
-    for item in node.body:
-        if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
-            functions[f"{node.name}.{item.name}"] = function_facts(item, None, module_defines)
-    return class_facts(node)
 
 
 def _statement(text: str, start: int, strings: _Scan, name: str) -> ast.stmt | None:
@@ -191,9 +179,6 @@ class _Scan:
         self.odd = "\f" in text or "\r" in text or text.startswith("\ufeff") or _odd_headers(text)
         self.spans = [] if self.odd else [(m.start(), m.end()) for m in _STRINGS.finditer(text)]
         self._starts = [start for start, _ in self.spans]
-        self._bindings: set[tuple[str, str]] | None = None
-        self._read = False
-        self._names: set[str] | None = None
         self.parsed = 0  # the characters of the definitions parsed alone so far
 
     def inside(self, at: int) -> bool:
@@ -201,17 +186,18 @@ class _Scan:
         index = bisect.bisect_right(self._starts, at) - 1
         return index >= 0 and self.spans[index][0] < at < self.spans[index][1]
 
+    @functools.cached_property
     def bindings(self) -> set[tuple[str, str]] | None:
         """(name bound, dotted target) of every import statement (``index_imports.bindings``)."""
-        if not self._read:
-            self._bindings, self._read = bindings(self.text, self.inside), True
-        return self._bindings
+        return bindings(self.text, self.inside)
+
+    @functools.cached_property
+    def _names(self) -> set[str] | None:
+        found = self.bindings
+        return None if found is None else {bound for bound, _ in found}
 
     def imported(self, name: str) -> bool:
         """Whether an import statement binds the name (``Incomplete`` where one cannot be read)."""
         if self._names is None:
-            found = self.bindings()
-            if found is None:
-                raise Incomplete(name)
-            self._names = {bound for bound, _ in found}
+            raise Incomplete(name)
         return name in self._names

@@ -21,6 +21,7 @@ import re
 import unicodedata
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 # what may precede ``import`` on its line in a statement read here: nothing, or ``from <module>``
@@ -59,12 +60,11 @@ def imports_name(text: str, name: str) -> bool | None:
     False where one does; None as for ``import_targets`` (or where a statement that mentions the
     name could not be read). The text's statements are read once for all the names asked of it."""
     read = _read_of(text)
-    if read[1] is None:
+    if read.names is None:
         return None
-    names, unread = read[1]
-    if name in names:
+    if name in read.names:
         return True
-    return None if any(name in statement for statement in unread) else False
+    return None if any(name in statement for statement in read.unread) else False
 
 
 def binds_name(text: str, name: str) -> bool:
@@ -74,31 +74,39 @@ def binds_name(text: str, name: str) -> bool:
     if answer is not None:
         return answer
     read = _read_of(text)
-    if read[2] is None:
+    if read.outlined is None:
         from trainlint.model.summary import outline  # (a statement read in place is the rule)
 
         outlined = outline(text)
-        read[2] = set(outlined["imports"]) if outlined is not None else set()
-    return name in read[2]
+        read.outlined = set(outlined["imports"]) if outlined is not None else set()
+    return name in read.outlined
 
 
-def _read_of(text: str) -> list[Any]:
-    """The memo of a text's import statements (``_READ``), read on first use."""
+@dataclass
+class _Reading:
+    """A text's import statements as read in place (``imports_name``), held with the text itself so
+    that its id, the memo's key, is not reused."""
+
+    text: str
+    names: set[str] | None  # bound by the statements read (None: a statement could not be found)
+    unread: list[str]  # the statements found but not read
+    outlined: set[str] | None = None  # bound by its tree's imports (``binds_name``; None: not parsed)
+
+
+def _read_of(text: str) -> _Reading:
+    """The reading of a text's import statements, memoised by identity (the latest texts asked)."""
     read = _READ.get(id(text))
-    if read is None or read[0] is not text:
+    if read is None or read.text is not text:
         unread: list[str] = []
         found = _bindings(text, unread=unread)
-        read = [text, None if found is None else ({bound for bound, _ in found}, unread), None]
+        read = _Reading(text, None if found is None else {bound for bound, _ in found}, unread)
         while len(_READ) >= _READ_KEPT:
             del _READ[next(iter(_READ))]
         _READ[id(text)] = read
     return read
 
 
-# the import statements read of the latest texts asked (``imports_name``), by identity: the text (held,
-# so that its id is not reused), the names bound with the statements that could not be read (None:
-# one could not be found), and the names its tree's imports bind (``binds_name``; None: not parsed)
-_READ: dict[int, list[Any]] = {}
+_READ: dict[int, _Reading] = {}
 _READ_KEPT = 16
 
 
@@ -109,15 +117,11 @@ def bindings(text: str, quoted: Callable[[int], bool]) -> set[tuple[str, str]] |
 
 
 def _bindings(
-    text: str,
-    mentioning: str | None = None,
-    quoted: Callable[[int], bool] | None = None,
-    unread: list[str] | None = None,
+    text: str, quoted: Callable[[int], bool] | None = None, unread: list[str] | None = None
 ) -> set[tuple[str, str]] | None:
-    """(name bound, dotted target) of every import statement read in place (``mentioning``: of those
-    whose text holds that word only; ``quoted``: as for ``bindings``); None as for
-    ``import_targets``. ``unread``: where given, a statement found but not read is put there instead
-    (its bindings left out)."""
+    """(name bound, dotted target) of every import statement read in place (``quoted``: as for
+    ``bindings``); None as for ``import_targets``. ``unread``: where given, a statement found but not
+    read is put there instead (its bindings left out)."""
     found: set[tuple[str, str]] = set()
     covered = 0  # the end of the last statement read (its trailing comment may say "import")
     for at in _words(text):
@@ -138,8 +142,6 @@ def _bindings(
             return None
         begin = start + shape.start(2) if shape.group(2) else at
         statement, covered = _statement(text, begin)
-        if mentioning is not None and statement is not None and mentioning not in statement:
-            continue
         # (an identifier beyond ASCII is normalised by the parser: a full-width ``mod`` imports ``mod``)
         targets = _read(statement) if statement is not None and statement.isascii() else None
         if targets is None and unread is not None and statement is not None:

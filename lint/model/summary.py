@@ -566,17 +566,29 @@ def summarize(text: str, tree: ast.Module | None = None) -> Summary | None:
     classes: dict[str, Any] = {}
     module_defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
     for node in tree.body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            functions[node.name] = function_facts(node, module_defs)
-        elif isinstance(node, ast.ClassDef):
-            classes[node.name] = class_facts(node)
-            for item in node.body:
-                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
-                    functions[f"{node.name}.{item.name}"] = function_facts(item, module_defs)
+        add_entries(node, functions, classes, module_defs)
     imports = _imports(tree)
     for name, facts in classes.items():
         class_methods(name, facts, functions, imports.__contains__)
     return {"imports": imports, "functions": functions, "classes": classes}
+
+
+def add_entries(
+    node: ast.stmt,
+    functions: dict[str, Any],
+    classes: dict[str, Any],
+    module_defs: dict[str, ast.AST] | None,
+    module_defines: Callable[[str], bool] | None = None,
+) -> None:
+    """Add the entries of one statement of a module's top level: a function's, or a class's and its
+    methods' (``Class.method``). ``module_defs``, ``module_defines``: as for ``function_facts``."""
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        functions[node.name] = function_facts(node, module_defs, module_defines)
+    elif isinstance(node, ast.ClassDef):
+        classes[node.name] = class_facts(node)
+        for item in node.body:
+            if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                functions[f"{node.name}.{item.name}"] = function_facts(item, module_defs, module_defines)
 
 
 def class_methods(
